@@ -1,0 +1,86 @@
+"""ILayerNorm (I-ViT Sec. 3.5): integer LayerNorm over the last axis, integer sqrt, gamma/beta folded.
+
+For integer ``x`` (rows of ``C``)::
+
+    d = (x - floor(sum(x) / C)) * 2**shift_in
+    v = max(sum(d*d), 1)
+    r = isqrt(v)              # Newton from 2**ceil(bits(v)/2), 10 steps, r <- min(r, (r + v//r)//2): exact
+    u = d * floor(2**p / r)   # ~ (x - mean)/std / sqrt(C) * 2**p, |u| <= 2**(p+1)
+    y = clip(floor((u*b + bias + floor(2**c/2)) / 2**c) + zy, qmin, qmax)
+
+The converter folds ``b/2**c ~ sqrt(C)*gamma/(2**p * s_y)`` (per channel, signed) and
+``bias ~ beta/s_y * 2**c``. Preconditions: ``C * max|d|**2 < 2**62`` (choose ``shift_in``),
+``2**(p+1) * |b| + |bias| + 2**(c-1) < 2**63``, ``0 <= p <= 62``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _int
+from ._body import Body
+from ._spec import I64, INT_IN, QUANT_OUT, OpSpec, Port
+
+#: Newton steps; from a start within 2x above the root, 6 suffice for 62-bit values.
+SQRT_STEPS = 10
+_POW2 = [1 << k for k in range(63)]
+
+
+def isqrt(v) -> np.ndarray:
+    """Exact ``floor(sqrt(v))`` for int64 ``1 <= v < 2**62`` by the fixed-step integer Newton iteration."""
+    v = _int.i64(v)
+    nbits = np.sum(v[..., None] >= np.array(_POW2, dtype=np.int64), axis=-1)
+    r = _int.pow2((nbits + 1) // 2)
+    for _ in range(SQRT_STEPS):
+        r = np.minimum(r, (r + v // r) // 2)
+    return r
+
+
+def reference(x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int, qmin: int, qmax: int):
+    x = _int.i64(x)
+    c_len = x.shape[-1]
+    d = (x - _int.floor_div(_int.reduce_sum(x), c_len)) * (1 << shift_in)
+    r = isqrt(np.maximum(_int.reduce_sum(d * d), 1))
+    u = d * ((1 << p) // r)
+    t = u * _int.i64(multiplier) + _int.i64(bias)
+    y = _int.round_shift(t, shift) + _int.i64(y_zero_point)
+    return _int.saturate(y, qmin, qmax, y_zero_point.dtype)
+
+
+def _isqrt_body(g: Body, v: str) -> str:
+    nbits = g.reduce_sum(g.i64(g.op("GreaterOrEqual", g.op("Unsqueeze", v, g.const([-1])), g.const(_POW2))))
+    r = g.pow2(g.op("Div", g.op("Add", g.op("Squeeze", nbits, g.const([-1])), g.const(1)), g.const(2)))
+    two = g.const(2)
+    for _ in range(SQRT_STEPS):
+        r = g.op("Min", r, g.op("Div", g.op("Add", r, g.op("Div", v, r)), two))
+    return r
+
+
+def body(g: Body) -> None:
+    x = g.i64("x")
+    c_len = g.op("Gather", g.op("Shape", x), g.const(-1))
+    mean = g.floor_div(g.reduce_sum(x), c_len)
+    d = g.op("Mul", g.op("Sub", x, mean), g.pow2(g.attr_int("shift_in")))
+    v = g.op("Max", g.reduce_sum(g.op("Mul", d, d)), g.const(1))
+    f = g.op("Div", g.pow2(g.attr_int("p")), _isqrt_body(g, v))
+    t = g.op("Add", g.op("Mul", g.op("Mul", d, f), "multiplier"), "bias")
+    y = g.op("Add", g.round_shift(t, "shift"), g.i64("y_zero_point"))
+    g.saturate(y, "y_zero_point", out="y")
+
+
+SPEC = OpSpec(
+    name="ILayerNorm",
+    doc=__doc__.splitlines()[0],
+    inputs=(
+        Port("x", INT_IN, "input rows (int8/int16, or int32 within the precondition)"),
+        Port("multiplier", I64, "b per channel (signed: gamma's sign)"),
+        Port("shift", I64, "c per channel, 0..62"),
+        Port("bias", I64, "beta/s_y * 2**c per channel"),
+        Port("y_zero_point", QUANT_OUT, "output zero point; its type is the output type"),
+    ),
+    output=Port("y", QUANT_OUT, "LayerNorm(x), requantized"),
+    attributes={"shift_in": "left shift of x - mean", "p": "fraction bits of the normalized value",
+                "qmin": "lowest output value", "qmax": "highest output value"},
+    reference=reference,
+    body=body,
+)

@@ -1,0 +1,102 @@
+"""The onnxruntime custom-op library: the reference kernels registered through onnxruntime-extensions.
+
+No onnxruntime C/C++ headers can be had here (FACTS.md), so the library is onnxruntime-extensions'
+prebuilt ``get_library_path()`` hosting Python kernels. It only serves its own domain
+``ai.onnx.contrib`` and fixes input/output types per registration, so each (op, input dtypes)
+signature used by a model is registered once per process as ``Ivit<Op>__<dtypes>`` and the model's
+``ai.ivit`` nodes are renamed to it (the ``ai.ivit`` function bodies are dropped).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from . import OPS
+from ._spec import DOMAIN
+
+CONTRIB = "ai.onnx.contrib"
+_registered: set[str] = set()
+
+
+def _pytype(dtype):
+    from onnxruntime_extensions import PyCustomOpDef
+
+    return getattr(PyCustomOpDef, f"dt_{np.dtype(dtype).name}")
+
+
+def kernel_name(op: str, input_dtypes) -> str:
+    return f"Ivit{op}__" + "_".join(np.dtype(d).name for d in input_dtypes)
+
+
+def register(op: str, input_dtypes) -> str:
+    """Register the kernel of ``op`` for one input signature (idempotent); returns its op_type."""
+    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+
+    name = kernel_name(op, input_dtypes)
+    if name in _registered:
+        return name
+    spec = OPS[op]
+    out = spec.output_dtype(list(input_dtypes))
+
+    def kernel(*inputs, **attrs):
+        return spec.reference(*inputs, **{k: int(v) for k, v in attrs.items()})
+
+    onnx_op(op_type=name, inputs=[_pytype(d) for d in input_dtypes], outputs=[_pytype(out)],
+            attrs={k: PyCustomOpDef.dt_int64 for k in spec.attributes})(kernel)
+    _registered.add(name)
+    return name
+
+
+def _value_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    types = {t.name: onnx.helper.tensor_dtype_to_np_dtype(t.data_type) for t in g.initializer}
+    for v in list(g.input) + list(g.value_info) + list(g.output):
+        if v.type.tensor_type.elem_type:
+            types[v.name] = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+    for n in g.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    types[n.output[0]] = onnx.helper.tensor_dtype_to_np_dtype(a.t.data_type)
+    return types
+
+
+def library_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose ``ai.ivit`` nodes call the registered library kernels."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    types = _value_dtypes(model)
+    for node in out.graph.node:
+        if node.domain != DOMAIN:
+            continue
+        missing = [i for i in node.input if i not in types]
+        if missing:
+            raise ValueError(f"node {node.name or node.op_type}: no type known for inputs {missing}")
+        node.op_type = register(node.op_type, [types[i] for i in node.input])
+        node.domain = CONTRIB
+    keep = [f for f in out.functions if f.domain != DOMAIN]
+    del out.functions[:]
+    out.functions.extend(keep)
+    imports = [i for i in out.opset_import if i.domain != DOMAIN]
+    del out.opset_import[:]
+    out.opset_import.extend(imports + [helper.make_opsetid(CONTRIB, 1)])
+    return out
+
+
+def session(model: onnx.ModelProto, backend: str = "functions", threads: int | None = None):
+    """An InferenceSession running the private ops by their ``functions`` or through the ``library``."""
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    if backend == "library":
+        from onnxruntime_extensions import get_library_path
+
+        model = library_model(model)  # registers kernels: must precede loading the library
+        opts.register_custom_ops_library(get_library_path())
+    elif backend != "functions":
+        raise ValueError(f"backend must be 'functions' or 'library', got {backend!r}")
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])

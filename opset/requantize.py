@@ -1,0 +1,42 @@
+"""Requantize: rescale an integer tensor by a dyadic multiplier ``b / 2**c`` into a narrower type.
+
+``y = clip(floor(((x - zx) * b + floor(2**c/2)) / 2**c) + zy, qmin, qmax)``, computed in int64,
+round half up. ``b`` and ``c`` broadcast against ``x`` (per tensor, or per channel shaped for the
+axis). Precondition: ``|x - zx| * |b| + 2**(c-1) < 2**63`` and ``0 <= c <= 62``
+(:func:`ivit_onnx.dyadic.multiplier_bits` picks ``b``'s width from the input bound).
+"""
+
+from __future__ import annotations
+
+from . import _int
+from ._body import Body
+from ._spec import I64, INT_IN, QUANT_OUT, OpSpec, Port
+
+
+def reference(x, x_zero_point, multiplier, shift, y_zero_point, *, qmin: int, qmax: int):
+    t = (_int.i64(x) - _int.i64(x_zero_point)) * _int.i64(multiplier)
+    y = _int.round_shift(t, shift) + _int.i64(y_zero_point)
+    return _int.saturate(y, qmin, qmax, y_zero_point.dtype)
+
+
+def body(g: Body) -> None:
+    t = g.op("Mul", g.op("Sub", g.i64("x"), g.i64("x_zero_point")), "multiplier")
+    y = g.op("Add", g.round_shift(t, "shift"), g.i64("y_zero_point"))
+    g.saturate(y, "y_zero_point", out="y")
+
+
+SPEC = OpSpec(
+    name="Requantize",
+    doc=__doc__.splitlines()[0],
+    inputs=(
+        Port("x", INT_IN, "integer input"),
+        Port("x_zero_point", INT_IN, "zero point of x (scalar, x's type)"),
+        Port("multiplier", I64, "b, broadcast against x"),
+        Port("shift", I64, "c in 0..62, same shape as b"),
+        Port("y_zero_point", QUANT_OUT, "output zero point; its type is the output type"),
+    ),
+    output=Port("y", QUANT_OUT, "requantized tensor"),
+    attributes={"qmin": "lowest output value", "qmax": "highest output value"},
+    reference=reference,
+    body=body,
+)

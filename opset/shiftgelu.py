@@ -1,0 +1,60 @@
+"""ShiftGELU (I-ViT Alg. 2): ``x * sigmoid(1.702 x)`` with shift-exps and one division, requantized.
+
+For integer ``x`` with scale ``s``, ``x0 = round(1/(1.702*s)) >= 1`` (1.702 folded into the grid, as the
+released kernels do), last-axis rows::
+
+    m  = max(max(x), 0)                                   # both exp arguments below are <= 0
+    e1 = shift_exp(x - m, x0, n);  e2 = shift_exp(-m, x0, n)
+    sg = int_div(e1, e1 + e2, bits)                       # ~ sigmoid(1.702 x s) * 2**bits
+    y  = clip(floor((x*sg*b + floor(2**c/2)) / 2**c) + zy, qmin, qmax)
+
+so ``b/2**c ~ s * 2**-bits / s_y`` is the output rescale. (``m >= 0`` fixes rows of only negative
+values, where the released ``-max(x)`` would be positive.) Preconditions: ``2 * x0 * 2**n < 2**62``,
+``|x| * 2**bits * |b| + 2**(c-1) < 2**63``.
+"""
+
+from __future__ import annotations
+
+from . import _int
+from ._body import Body
+from ._spec import I64, INT_IN, QUANT_OUT, OpSpec, Port
+from .shift_exp import int_div, int_div_body, shift_exp, shift_exp_body
+
+
+def reference(x, multiplier, shift, y_zero_point, *, x0: int, n: int, bits: int, qmin: int, qmax: int):
+    x = _int.i64(x)
+    m = _int.reduce_max(x).clip(min=0)
+    e1 = shift_exp(x - m, x0, n)
+    e2 = shift_exp(-m, x0, n)
+    sg = int_div(e1, e1 + e2, bits)
+    y = _int.round_shift(x * sg * _int.i64(multiplier), shift) + _int.i64(y_zero_point)
+    return _int.saturate(y, qmin, qmax, y_zero_point.dtype)
+
+
+def body(g: Body) -> None:
+    x = g.i64("x")
+    x0, n, bits = g.attr_int("x0"), g.attr_int("n"), g.attr_int("bits")
+    m = g.op("Max", g.reduce_max(x), g.const(0))
+    e1 = shift_exp_body(g, g.op("Sub", x, m), x0, n)
+    e2 = shift_exp_body(g, g.op("Neg", m), x0, n)
+    sg = int_div_body(g, e1, g.op("Add", e1, e2), bits)
+    t = g.op("Mul", g.op("Mul", x, sg), "multiplier")
+    y = g.op("Add", g.round_shift(t, "shift"), g.i64("y_zero_point"))
+    g.saturate(y, "y_zero_point", out="y")
+
+
+SPEC = OpSpec(
+    name="ShiftGELU",
+    doc=__doc__.splitlines()[0],
+    inputs=(
+        Port("x", INT_IN, "pre-activation (int8/int16 or an int32 accumulator)"),
+        Port("multiplier", I64, "b: s * 2**-bits / s_y = b/2**c"),
+        Port("shift", I64, "c in 0..62"),
+        Port("y_zero_point", QUANT_OUT, "output zero point; its type is the output type"),
+    ),
+    output=Port("y", QUANT_OUT, "GELU(x), requantized"),
+    attributes={"x0": "round(1/(1.702 s)) >= 1", "n": "exp left shift N", "bits": "sigmoid fraction bits",
+                "qmin": "lowest output value", "qmax": "highest output value"},
+    reference=reference,
+    body=body,
+)
