@@ -2,15 +2,15 @@
 
 For integer ``x`` (rows of ``C``)::
 
-    d = (x - floor(sum(x) / C)) * 2**shift_in
+    d = x * 2**shift_in - floor(sum(x) * 2**shift_in / C)   # centred on the mean to 2**-shift_in
     v = max(sum(d*d), 1)
     r = isqrt(v)              # Newton from 2**ceil(bits(v)/2), 10 steps, r <- min(r, (r + v//r)//2): exact
-    u = d * floor(2**p / r)   # ~ (x - mean)/std / sqrt(C) * 2**p, |u| <= 2**(p+1)
+    u = floor(d * floor(2**61 / r) / 2**(61 - p))   # ~ (x - mean)/std / sqrt(C) * 2**p, |u| <= 2**p
     y = clip(floor((u*b + bias + floor(2**c/2)) / 2**c) + zy, qmin, qmax)
 
 The converter folds ``b/2**c ~ sqrt(C)*gamma/(2**p * s_y)`` (per channel, signed) and
 ``bias ~ beta/s_y * 2**c``. Preconditions: ``C * max|d|**2 < 2**62`` (choose ``shift_in``),
-``2**(p+1) * |b| + |bias| + 2**(c-1) < 2**63``, ``0 <= p <= 62``.
+``2**p * |b| + |bias| + 2**(c-1) < 2**63``, ``0 <= p <= 61`` (``|d| <= r`` so ``|d * floor(2**61/r)| <= 2**61``).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def isqrt(v) -> np.ndarray:
 def reference(x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int, qmin: int, qmax: int):
     x = _int.i64(x)
     c_len = x.shape[-1]
-    d = (x - _int.floor_div(_int.reduce_sum(x), c_len)) * (1 << shift_in)
+    d = x * (1 << shift_in) - _int.floor_div(_int.reduce_sum(x) * (1 << shift_in), c_len)
     r = isqrt(np.maximum(_int.reduce_sum(d * d), 1))
-    u = d * ((1 << p) // r)
+    u = _int.floor_div(d * ((1 << 61) // r), 1 << (61 - p))
     t = u * _int.i64(multiplier) + _int.i64(bias)
     y = _int.round_shift(t, shift) + _int.i64(y_zero_point)
     return _int.saturate(y, qmin, qmax, y_zero_point.dtype)
@@ -52,18 +52,20 @@ def _isqrt_body(g: Body, v: str) -> str:
     r = g.pow2(g.op("Div", g.op("Add", g.op("Squeeze", nbits, g.const([-1])), g.const(1)), g.const(2)))
     two = g.const(2)
     for _ in range(SQRT_STEPS):
-        r = g.op("Min", r, g.op("Div", g.op("Add", r, g.op("Div", v, r)), two))
+        r = g.minimum(r, g.op("Div", g.op("Add", r, g.op("Div", v, r)), two))
     return r
 
 
 def body(g: Body) -> None:
     x = g.i64("x")
     c_len = g.op("Gather", g.op("Shape", x), g.const(-1))
-    mean = g.floor_div(g.reduce_sum(x), c_len)
-    d = g.op("Mul", g.op("Sub", x, mean), g.pow2(g.attr_int("shift_in")))
-    v = g.op("Max", g.reduce_sum(g.op("Mul", d, d)), g.const(1))
-    f = g.op("Div", g.pow2(g.attr_int("p")), _isqrt_body(g, v))
-    t = g.op("Add", g.op("Mul", g.op("Mul", d, f), "multiplier"), "bias")
+    scale_in = g.pow2(g.attr_int("shift_in"))
+    mean = g.floor_div(g.op("Mul", g.reduce_sum(x), scale_in), c_len)
+    d = g.op("Sub", g.op("Mul", x, scale_in), mean)
+    v = g.maximum(g.reduce_sum_exact(g.op("Mul", d, d)), g.const(1))
+    f = g.op("Div", g.const(1 << 61), _isqrt_body(g, v))
+    u = g.floor_div(g.op("Mul", d, f), g.pow2(g.op("Sub", g.const(61), g.attr_int("p"))))
+    t = g.op("Add", g.op("Mul", u, "multiplier"), "bias")
     y = g.op("Add", g.round_shift(t, "shift"), g.i64("y_zero_point"))
     g.saturate(y, "y_zero_point", out="y")
 

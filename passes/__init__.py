@@ -1,1 +1,20 @@
-"""placeholder"""
+"""The graph passes, one per module; ``default_passes()`` is the converter's pipeline, in order."""
+
+from __future__ import annotations
+
+from .attach_functions import AttachFunctions
+from .finalize import Finalize
+from .fuse_gelu import FuseGelu
+from .fuse_layernorm import FuseLayerNorm
+from .fuse_softmax import FuseSoftmax
+from .lower_integer import LowerInteger
+from .normalize import Normalize
+
+
+def default_passes():
+    """normalize → fuse_gelu → fuse_layernorm → fuse_softmax → lower_integer → attach_functions → finalize."""
+    return [Normalize(), FuseGelu(), FuseLayerNorm(), FuseSoftmax(), LowerInteger(), AttachFunctions(), Finalize()]
+
+
+__all__ = ["AttachFunctions", "Finalize", "FuseGelu", "FuseLayerNorm", "FuseSoftmax", "LowerInteger",
+           "Normalize", "default_passes"]

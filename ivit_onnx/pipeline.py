@@ -1,0 +1,189 @@
+"""The pass pipeline: an ordered, user-editable list of passes over one onnx-graphsurgeon graph.
+
+A pass says what it requires and guarantees, returns whether it changed the graph, and counts what it
+rewrote in ``ctx.counts``; the report is built from those counts. Users reorder, extend or stop early::
+
+    p = Pipeline.default()
+    p.insert_after("fuse_gelu", MyPass())
+    model, report = p.run("fq.onnx", stop_after="lower_integer")
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from .errors import ConversionError
+from .io import load_model
+
+
+@dataclass
+class Options:
+    """Conversion settings (CLI flags map one to one)."""
+
+    allow_float: bool = False  #: keep unconvertible regions as DQ → float → Q instead of failing
+    gelu_bits: int = 15  #: fraction bits of ShiftGELU's sigmoid
+    ln_fraction_bits: int = 30  #: ILayerNorm's p
+    min_x0: int = 1024  #: finest exp grid: inputs coarser than 1/min_x0 are upscaled exactly first
+    max_row: int = 4096  #: row length assumed for Shiftmax overflow proofs when the shape is dynamic
+    scale_table: bool = False  #: put the per-tensor scale table in the report
+
+
+@dataclass
+class Context:
+    """What passes share: the graph, the options, and the counters/notes the report is built from."""
+
+    graph: gs.Graph
+    opset: int
+    options: Options
+    counts: dict[str, Counter] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+    opset_imports: dict[str, int] = field(default_factory=dict)
+    functions: list = field(default_factory=list)
+    ir_version: int = 10
+
+    def count(self, pass_name: str, key: str, n: int = 1) -> None:
+        self.counts.setdefault(pass_name, Counter())[key] += n
+
+
+class Pass:
+    """Base class: subclasses set ``name``/``requires``/``guarantees`` and implement ``run``."""
+
+    name = "pass"
+    requires: tuple[str, ...] = ()
+    guarantees: tuple[str, ...] = ()
+
+    def run(self, ctx: Context) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass
+class Report:
+    """What a conversion did: counts per pass, integer MAC share, float islands, dyadic error, scales."""
+
+    counts: dict[str, dict[str, int]]
+    notes: dict[str, Any]
+    passes_run: list[str]
+
+    def to_dict(self) -> dict:
+        return {"passes": self.passes_run, "counts": self.counts, **self.notes}
+
+    def to_json(self, path) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True, default=float)
+            f.write("\n")
+
+    def summary(self) -> str:
+        """Human-readable lines for the CLI."""
+        lines = []
+        conv = self.counts.get("lower_integer", {})
+        if conv:
+            lines.append("converted: " + ", ".join(f"{k} {v}" for k, v in sorted(conv.items())))
+        for name in ("fuse_gelu", "fuse_layernorm", "fuse_softmax"):
+            if self.counts.get(name):
+                lines.append(f"{name}: " + ", ".join(f"{k} {v}" for k, v in sorted(self.counts[name].items())))
+        n = self.notes
+        if "integer_mac_percent" in n:
+            lines.append(f"integer MACs: {n['integer_mac_percent']:.2f}% of {n['total_macs']:,}")
+        if "max_dyadic_rel_error" in n:
+            lines.append(f"largest dyadic error: {n['max_dyadic_rel_error']:.3g} (relative)")
+        islands = n.get("float_islands", [])
+        lines.append(f"float islands: {len(islands)}" + ("" if not islands else " — " + "; ".join(islands)))
+        return "\n".join(lines)
+
+
+class Pipeline:
+    """An ordered list of passes; run it on a model path or ModelProto."""
+
+    def __init__(self, passes: list[Pass]):
+        self.passes = list(passes)
+
+    @classmethod
+    def default(cls) -> Pipeline:
+        from .passes import default_passes
+
+        return cls(default_passes())
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+    def _index(self, name: str) -> int:
+        if name not in self.names:
+            raise KeyError(f"no pass named {name!r}; passes: {', '.join(self.names)}")
+        return self.names.index(name)
+
+    def insert_after(self, name: str, p: Pass) -> None:
+        self.passes.insert(self._index(name) + 1, p)
+
+    def insert_before(self, name: str, p: Pass) -> None:
+        self.passes.insert(self._index(name), p)
+
+    def replace(self, name: str, p: Pass) -> None:
+        self.passes[self._index(name)] = p
+
+    def remove(self, name: str) -> None:
+        del self.passes[self._index(name)]
+
+    def run(self, model, options: Options | None = None, stop_after: str | None = None):
+        """Run the passes in order; returns ``(ModelProto, Report)``."""
+        if stop_after is not None:
+            self._index(stop_after)
+        proto = load_model(model)
+        try:  # shapes and dtypes on every edge: rules need row lengths and element types
+            proto = onnx.shape_inference.infer_shapes(proto)
+        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+            raise ConversionError(f"shape inference failed: {str(e).strip().splitlines()[0]}") from None
+        opset = next((i.version for i in proto.opset_import if i.domain in ("", "ai.onnx")), 0)
+        ctx = Context(gs.import_onnx(proto), opset, options or Options(),
+                      opset_imports={i.domain: i.version for i in proto.opset_import},
+                      functions=list(proto.functions), ir_version=proto.ir_version)
+        ran = []
+        for p in self.passes:
+            missing = [r for r in p.requires if r not in _guaranteed(self.passes[: len(ran)])]
+            if missing:
+                raise ConversionError(f"pass {p.name} requires {missing}, which no earlier pass guarantees")
+            p.run(ctx)
+            ran.append(p.name)
+            if p.name == stop_after:
+                break
+        out = gs.export_onnx(ctx.graph, do_type_check=False)
+        out.ir_version = ctx.ir_version
+        del out.opset_import[:]
+        out.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in sorted(ctx.opset_imports.items()))
+        del out.functions[:]
+        out.functions.extend(ctx.functions)
+        out.producer_name, out.producer_version = "ivit-onnx", _version()
+        return out, Report({k: dict(v) for k, v in ctx.counts.items()}, dict(ctx.notes), ran)
+
+
+def _guaranteed(passes: list[Pass]) -> set[str]:
+    return {g for p in passes for g in p.guarantees}
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def save_model(model: onnx.ModelProto, path) -> None:
+    """Write atomically: a failure never leaves a half-written file."""
+    import os
+    import tempfile
+
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(model.SerializeToString())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

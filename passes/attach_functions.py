@@ -1,0 +1,23 @@
+"""attach_functions: give the model the private ops' function bodies and import the private domain.
+
+So the output runs in stock onnxruntime and ``onnx.reference`` with no extra library.
+"""
+
+from __future__ import annotations
+
+from ivit_onnx.opset import DOMAIN, OPS, VERSION
+from ivit_onnx.pipeline import Context, Pass
+
+
+class AttachFunctions(Pass):
+    name = "attach_functions"
+    requires = ("integer_only",)
+    guarantees = ("functions_attached",)
+
+    def run(self, ctx: Context) -> bool:
+        used = sorted({n.op for n in ctx.graph.nodes if n.domain == DOMAIN})
+        ctx.functions = [f for f in ctx.functions if f.domain != DOMAIN] + [OPS[op].function(ctx.opset) for op in used]
+        if used:
+            ctx.opset_imports[DOMAIN] = VERSION
+        ctx.count(self.name, "functions", len(used))
+        return bool(used)

@@ -1,0 +1,93 @@
+"""lower_integer: replace every float op between the input quantize and the output dequantize by integer ops.
+
+Walks the graph once in topological order with a table of per-op rules (``rules.RULES``), carrying an
+affine type on each lowered tensor. A node without a rule is a float island: strict mode stops with the
+list of such nodes; ``allow_float`` keeps them, fed by DequantizeLinear and reported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ivit_onnx.errors import ConversionError
+from ivit_onnx.graph import node_label
+from ivit_onnx.pipeline import Context, Pass
+
+from .rules import RULES, Lowerer, Outcome
+
+
+def _is_float(t: gs.Tensor) -> bool:
+    dt = t.values.dtype if isinstance(t, gs.Constant) else t.dtype
+    return dt is not None and np.dtype(dt).kind == "f"
+
+
+def _macs(node: gs.Node) -> int:
+    out = node.outputs[0].shape or []
+    w = node.inputs[1].shape or []
+    dims = [d if isinstance(d, int) and d > 0 else 1 for d in out]
+    k = w[-2] if node.op == "MatMul" and len(w) >= 2 else (int(np.prod(w[1:])) if node.op == "Conv" else
+                                                           (w[0] if w else 1))
+    return int(np.prod(dims)) * int(k if isinstance(k, int) else 1)
+
+
+class LowerInteger(Pass):
+    name = "lower_integer"
+    requires = ("constant_qdq_params",)
+    guarantees = ("integer_only",)
+
+    def run(self, ctx: Context) -> bool:
+        g = ctx.graph
+        g.toposort()
+        lw = Lowerer(ctx)
+        islands: list[gs.Node] = []
+        float_macs = 0
+        for node in list(g.nodes):
+            lw.node_hint = node.name or node.op
+            rule = RULES.get(node.op)
+            try:
+                outcome = rule(lw, node) if rule is not None else Outcome.FLOAT
+            except ValueError as e:
+                raise ConversionError(f"{node_label(node)}: {e}") from None
+            if outcome is Outcome.HANDLED:
+                node.inputs.clear()
+                node.outputs.clear()
+                continue
+            if outcome is Outcome.FLOAT and (any(_is_float(t) for t in node.outputs)
+                                             or any(lw.get(t) is not None for t in node.inputs)):
+                islands.append(node)
+                if node.op in ("MatMul", "Gemm", "Conv"):
+                    float_macs += _macs(node)
+            for i, t in enumerate(node.inputs):
+                if lw.get(t) is not None:
+                    node.inputs[i] = lw.materialize(t)
+        self._bind_outputs(lw)
+        if islands and not ctx.options.allow_float:
+            names = ", ".join(node_label(n) for n in islands[:8]) + (" ..." if len(islands) > 8 else "")
+            raise ConversionError(f"{len(islands)} node(s) have no integer rule (float islands): {names}; "
+                                  "rerun with --allow-float to keep them as DQ → float → Q")
+        ctx.notes["float_islands"] = [node_label(n) for n in islands]
+        total = ctx.notes.get("integer_macs", 0) + float_macs
+        ctx.notes["total_macs"] = total
+        ctx.notes["integer_mac_percent"] = 100.0 * ctx.notes.get("integer_macs", 0) / total if total else 100.0
+        ctx.notes["max_dyadic_rel_error"] = lw.max_dyadic_error
+        if ctx.options.scale_table:
+            ctx.notes["scales"] = {it.name: {"dtype": a.dtype.name, "zero_point": a.zero_point,
+                                             "scale": a.scale.ravel().tolist(), "bound": a.bound,
+                                             "replaces": name}
+                                   for name, (it, a) in sorted(lw.itype.items()) if not isinstance(it, gs.Constant)}
+        g.cleanup().toposort()
+        return True
+
+    @staticmethod
+    def _bind_outputs(lw: Lowerer) -> None:
+        g = lw.g
+        outs = []
+        for t in g.outputs:
+            if lw.get(t) is not None:
+                lw.materialize(t, out=t)
+            elif t.name in lw.alias:
+                it = lw.alias[t.name][0]
+                g.nodes.append(gs.Node("Identity", name=lw.fresh("output"), inputs=[it], outputs=[t]))
+            outs.append(t)
+        g.outputs = outs

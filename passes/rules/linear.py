@@ -1,0 +1,139 @@
+"""MatMul / Gemm / Conv → MatMulInteger / ConvInteger (int8×int8→int32) with int32 bias.
+
+The accumulator's type is ``s_x * s_w`` (per output channel when the weights are), zero point 0, and
+its bound ``K * max|x| * max|w|`` sizes every later dyadic multiplier.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ivit_onnx.affine import Affine
+from ivit_onnx.graph import const_array, dequantized_const
+
+from .lowerer import Lowerer, Outcome
+
+_EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+_INT32_MAX = 2**31 - 1
+
+
+def _macs(shape_out, k: int) -> int:
+    dims = [d if isinstance(d, int) and d > 0 else 1 for d in (shape_out or [])]
+    return int(np.prod(dims)) * int(k)
+
+
+def _integer_matmul(lw: Lowerer, a_in, b_in, k: int, hint: str, out_shape):
+    (ia, a), (ib, b) = a_in, b_in
+    if a.dtype in _EIGHT_BIT and b.dtype in _EIGHT_BIT:
+        zps = []
+        if a.zero_point or b.zero_point:
+            zps = [lw.zp(a.zero_point, a.dtype, "a_zp")]
+            if b.zero_point:
+                zps.append(lw.zp(b.zero_point, b.dtype, "b_zp"))
+        out = lw.node("MatMulInteger", [ia, ib, *zps], np.int32, hint, shape=out_shape)
+        lw.ctx.count("lower_integer", "MatMulInteger")
+    else:  # 16-bit operands: exact int32 MatMul of zero-point-free operands
+        ia, a = lw.symmetric(ia, a)
+        ib, b = lw.symmetric(ib, b)
+        ca = lw.node("Cast", [ia], np.int32, "cast_a", attrs={"to": np.int32})
+        cb = lw.node("Cast", [ib], np.int32, "cast_b", attrs={"to": np.int32})
+        out = lw.node("MatMul", [ca, cb], np.int32, hint, shape=out_shape)
+        lw.ctx.count("lower_integer", "MatMul int32")
+    scale = a.scale * b.scale
+    bound = min(k * a.bound * b.bound, _INT32_MAX)
+    return out, Affine(scale, 0, np.int32, bound=bound)
+
+
+def _weight_operand(lw: Lowerer, t: gs.Tensor):
+    got = lw.get(t)
+    if got is None:
+        return None
+    it, a = got
+    if a.per_tensor:
+        return it, a
+    if isinstance(it, gs.Constant) and a.scale.ndim >= 1 and a.scale.shape[-1] == a.scale.size:
+        return it, Affine(a.scale.reshape(-1), a.zero_point, a.dtype, a.bound)  # per column: broadcasts
+    return lw.per_tensor(it, a)
+
+
+def matmul(lw: Lowerer, node: gs.Node) -> Outcome:
+    a_in = lw.get(node.inputs[0])
+    b_in = _weight_operand(lw, node.inputs[1])
+    if a_in is None or b_in is None:
+        return Outcome.FLOAT
+    a_in = lw.per_tensor(*a_in)
+    shape_b = b_in[0].shape
+    k = shape_b[-2] if shape_b is not None and isinstance(shape_b[-2], int) else 1
+    out, t = _integer_matmul(lw, a_in, b_in, k, "matmul", node.outputs[0].shape)
+    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + _macs(node.outputs[0].shape, k)
+    lw.set(node.outputs[0], out, t)
+    return Outcome.HANDLED
+
+
+def add_bias(lw: Lowerer, it: gs.Tensor, a: Affine, bias: np.ndarray, hint: str):
+    """``acc + bias`` in int32, the bias rounded to the accumulator's scale (int32, as I-ViT)."""
+    q = np.rint(bias.astype(np.float64) / a.scale)
+    if np.max(np.abs(q), initial=0) > _INT32_MAX:
+        raise ValueError(f"{lw.node_hint}: bias does not fit int32 at scale {a.describe()}")
+    q = q.astype(np.int32)
+    out = lw.node("Add", [it, lw.const(q, "bias")], np.int32, hint, shape=it.shape)
+    lw.ctx.count("lower_integer", "bias Add (int32)")
+    return out, Affine(a.scale, 0, np.int32, bound=min(a.bound + int(np.max(np.abs(q), initial=0)), _INT32_MAX))
+
+
+def gemm(lw: Lowerer, node: gs.Node) -> Outcome:
+    if node.attrs.get("transA", 0):
+        return Outcome.FLOAT
+    a_in = lw.get(node.inputs[0])
+    b_got = lw.get(node.inputs[1])
+    if a_in is None or b_got is None or not isinstance(b_got[0], gs.Constant):
+        return Outcome.FLOAT
+    ib, b = b_got
+    w = const_array(ib)
+    scale = b.scale
+    if node.attrs.get("transB", 0):
+        w = w.T
+        scale = scale.reshape(-1) if scale.size > 1 else scale
+    b_in = (lw.const(np.ascontiguousarray(w), "weight"), Affine(scale, b.zero_point, b.dtype, b.bound))
+    out, t = _integer_matmul(lw, lw.per_tensor(*a_in), b_in, w.shape[0], "gemm", node.outputs[0].shape)
+    t = t.scaled(float(node.attrs.get("alpha", 1.0)))
+    if len(node.inputs) > 2 and node.inputs[2].name:
+        bias = dequantized_const(node.inputs[2])
+        if bias is None:
+            return Outcome.FLOAT
+        out, t = add_bias(lw, out, t, bias * float(node.attrs.get("beta", 1.0)), "gemm_bias")
+    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + _macs(node.outputs[0].shape, w.shape[0])
+    lw.set(node.outputs[0], out, t)
+    return Outcome.HANDLED
+
+
+def conv(lw: Lowerer, node: gs.Node) -> Outcome:
+    x_in = lw.get(node.inputs[0])
+    w_got = lw.get(node.inputs[1])
+    if x_in is None or w_got is None or not isinstance(w_got[0], gs.Constant):
+        return Outcome.FLOAT
+    ix, x = lw.per_tensor(*x_in)
+    iw, w = w_got
+    if x.dtype not in _EIGHT_BIT or w.dtype not in _EIGHT_BIT:
+        return Outcome.FLOAT
+    wv = const_array(iw)
+    zps = []
+    if x.zero_point or w.zero_point:
+        zps = [lw.zp(x.zero_point, x.dtype, "x_zp")] + ([lw.zp(w.zero_point, w.dtype, "w_zp")] if w.zero_point else [])
+    attrs = {k: v for k, v in node.attrs.items() if k in ("dilations", "group", "kernel_shape", "pads", "strides",
+                                                           "auto_pad")}
+    out = lw.node("ConvInteger", [ix, iw, *zps], np.int32, "conv", attrs=attrs, shape=node.outputs[0].shape)
+    lw.ctx.count("lower_integer", "ConvInteger")
+    k = int(np.prod(wv.shape[1:]))
+    nd = wv.ndim - 2
+    scale = np.asarray(x.scale * w.scale.reshape(-1)).reshape([-1] + [1] * nd) if w.scale.size > 1 else x.scale * w.scale
+    t = Affine(scale, 0, np.int32, bound=min(k * x.bound * w.bound, _INT32_MAX))
+    if len(node.inputs) > 2 and node.inputs[2].name:
+        bias = dequantized_const(node.inputs[2])
+        if bias is None:
+            return Outcome.FLOAT
+        out, t = add_bias(lw, out, t, bias.reshape([-1] + [1] * nd), "conv_bias")
+    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + _macs(node.outputs[0].shape, k)
+    lw.set(node.outputs[0], out, t)
+    return Outcome.HANDLED

@@ -1,0 +1,191 @@
+"""The state of one ``lower_integer`` run and the emitting helpers every rule uses.
+
+``itype`` maps an original float tensor to ``(integer tensor, Affine)``: the float value is
+``(q - zero_point) * scale``. Rules read operands through :meth:`Lowerer.operand`, write results with
+:meth:`Lowerer.set`, and emit integer nodes (standard ops or the private opset) with :meth:`node`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ivit_onnx.affine import Affine, dtype_range
+from ivit_onnx.dyadic import DyadicError, dyadic_array, multiplier_bits, relative_error
+from ivit_onnx.errors import ConversionError
+from ivit_onnx.graph import const_array, dequantized_const, node_label
+from ivit_onnx.opset import DOMAIN, OPS
+from ivit_onnx.pipeline import Context
+
+
+class Outcome(enum.Enum):
+    HANDLED = "handled"  #: replaced by integer nodes; the original node is removed
+    KEPT = "kept"  #: stays as is (integer already, or rewired to integer inputs)
+    FLOAT = "float"  #: no integer rule applies: a float island
+
+
+def broadcast_scale(scale: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """A per-axis scale vector reshaped so it broadcasts against a rank-``rank`` tensor."""
+    if scale.size == 1:
+        return scale.reshape(())
+    axis = axis % rank
+    return scale.reshape([scale.size] + [1] * (rank - 1 - axis))
+
+
+class Lowerer:
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.g = ctx.graph
+        self.opt = ctx.options
+        self.itype: dict[str, tuple[gs.Tensor, Affine]] = {}
+        self.alias: dict[str, tuple[gs.Tensor, Affine]] = {}
+        self.floats: dict[str, gs.Tensor] = {}
+        self.max_dyadic_error = 0.0
+        self.node_hint = "n"
+        self._names: dict[str, int] = {}
+
+    # ---- naming -------------------------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        base = f"{self.node_hint}/{hint}"
+        k = self._names.get(base, 0)
+        self._names[base] = k + 1
+        return base if k == 0 else f"{base}_{k}"
+
+    # ---- typed values -------------------------------------------------------------------------------
+    def get(self, t: gs.Tensor) -> tuple[gs.Tensor, Affine] | None:
+        return self.itype.get(t.name)
+
+    def set(self, t: gs.Tensor, it: gs.Tensor, a: Affine) -> None:
+        self.itype[t.name] = (it, a)
+
+    def operand(self, t: gs.Tensor, const_dtype=np.int16) -> tuple[gs.Tensor, Affine] | None:
+        """An integer view of ``t``: its lowered value, or a float constant quantized symmetrically."""
+        got = self.get(t)
+        if got is not None:
+            return got
+        v = dequantized_const(t)
+        if v is None or not np.issubdtype(v.dtype, np.floating):
+            return None
+        return self.quantize_const(v, const_dtype, t.name)
+
+    def quantize_const(self, v: np.ndarray, dtype, hint: str) -> tuple[gs.Tensor, Affine]:
+        """Symmetric per-tensor quantization of a float constant (int16 by default: near lossless)."""
+        qmax = dtype_range(dtype)[1]
+        m = float(np.max(np.abs(v))) if v.size else 0.0
+        scale = m / qmax if m > 0 else 1.0
+        q = np.clip(np.rint(v / scale), -qmax, qmax).astype(dtype)
+        return self.const(q, hint + "_q"), Affine(np.float64(scale), 0, dtype, bound=int(np.max(np.abs(q), initial=0)))
+
+    def target(self, t: gs.Tensor) -> Affine | None:
+        """The common type of ``t``'s QuantizeLinear consumers, when every consumer is one."""
+        types = []
+        for c in t.outputs:
+            if c.op != "QuantizeLinear":
+                return None
+            types.append(self.q_type(c, t))
+        if not types or any(not types[0].same_as(x) for x in types[1:]):
+            return None
+        return types[0]
+
+    def q_type(self, q: gs.Node, data: gs.Tensor) -> Affine:
+        scale = const_array(q.inputs[1]).astype(np.float64)
+        zp = const_array(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2].name else None
+        dtype = zp.dtype if zp is not None else np.dtype(np.uint8)
+        if zp is not None and zp.size > 1:
+            raise ConversionError(f"{node_label(q)}: per-channel zero points on activations are not supported")
+        rank = len(data.shape) if data.shape is not None else 1
+        return Affine(broadcast_scale(scale, q.attrs.get("axis", 1), rank),
+                      int(zp.reshape(-1)[0]) if zp is not None else 0, dtype)
+
+    # ---- emitting -----------------------------------------------------------------------------------
+    def const(self, value, hint: str) -> gs.Constant:
+        return gs.Constant(self.fresh(hint), np.ascontiguousarray(value))
+
+    def node(self, op: str, inputs: list, dtype, hint: str, attrs=None, domain=None, n_out: int = 1,
+             shape=None):
+        """Append a node; returns its output variable (or list of them when ``n_out > 1``)."""
+        outs = [gs.Variable(self.fresh(f"{hint}_out" if n_out == 1 else f"{hint}_out{i}"), dtype=dtype,
+                            shape=shape) for i in range(n_out)]
+        node = gs.Node(op, name=self.fresh(hint), attrs=dict(attrs or {}), inputs=list(inputs), outputs=outs)
+        if domain:
+            node.domain = domain
+        self.g.nodes.append(node)
+        return outs[0] if n_out == 1 else outs
+
+    def private(self, op: str, inputs: list, out_dtype, hint: str, shape=None, **attrs) -> gs.Variable:
+        """A node of the private opset, checked against its spec."""
+        spec = OPS[op]
+        in_types = [t.values.dtype if isinstance(t, gs.Constant) else t.dtype for t in inputs]
+        spec.check([np.dtype(d) for d in in_types], attrs, where=self.node_hint)
+        self.ctx.count("lower_integer", op)
+        return self.node(op, inputs, out_dtype, hint, attrs={k: int(v) for k, v in attrs.items()},
+                         domain=DOMAIN, shape=shape)
+
+    def zp(self, value: int, dtype, hint: str) -> gs.Constant:
+        return self.const(np.array(value, dtype=dtype), hint)
+
+    def dyadic(self, m: np.ndarray, bits: int, what: str, allow_negative=False):
+        """Dyadic pair(s) for ``m`` with the error tracked for the report; errors name the node."""
+        try:
+            b, c = dyadic_array(np.asarray(m), bits, what=f"{self.node_hint}: {what}",
+                                allow_negative=allow_negative)
+        except DyadicError as e:
+            raise ConversionError(str(e)) from None
+        nz = np.asarray(m) != 0
+        if np.any(nz):
+            self.max_dyadic_error = max(self.max_dyadic_error, relative_error(np.asarray(m)[nz], b[nz], c[nz]))
+        return b, c
+
+    def requantize(self, it: gs.Tensor, a: Affine, t: Affine, hint: str = "requant") -> gs.Tensor:
+        """Rescale ``it`` from type ``a`` to ``t`` (a no-op when the types agree)."""
+        if a.same_as(t):
+            return it
+        ratio = np.broadcast_to(a.scale / t.scale, np.broadcast_shapes(a.scale.shape, t.scale.shape))
+        b, c = self.dyadic(ratio, multiplier_bits(a.bound), "requantize multiplier")
+        qmin, qmax = t.qrange
+        shape = it.shape if isinstance(it, gs.Variable) else None
+        return self.private("Requantize", [it, self.zp(a.zero_point, a.dtype, "x_zp"), self.const(b, "mult"),
+                                           self.const(c, "shift"), self.zp(t.zero_point, t.dtype, "y_zp")],
+                            t.dtype, hint, shape=shape, qmin=qmin, qmax=qmax)
+
+    def per_tensor(self, it: gs.Tensor, a: Affine) -> tuple[gs.Tensor, Affine]:
+        """Per-channel (accumulator) types become per-tensor int32 at the finest channel scale."""
+        if a.per_tensor:
+            return it, a
+        s = float(a.scale.min())
+        t = Affine(np.float64(s), 0, np.int32,
+                   bound=min(int(a.bound * float(a.scale.max()) / s) + 1, 2**31 - 1))
+        return self.requantize(it, a, t, "per_tensor"), t
+
+    def symmetric(self, it: gs.Tensor, a: Affine) -> tuple[gs.Tensor, Affine]:
+        """Remove a non-zero zero point (exactly: int16 holds ``q - zp`` of 8-bit types)."""
+        if a.zero_point == 0:
+            return it, a
+        dt = np.int16 if a.dtype.itemsize == 1 else np.int32
+        t = Affine(a.scale, 0, dt, bound=a.bound)
+        one = self.const(np.ones(a.scale.shape, np.int64), "one")
+        zero = self.const(np.zeros(a.scale.shape, np.int64), "zero")
+        lo, hi = dtype_range(dt)
+        out = self.private("Requantize", [it, self.zp(a.zero_point, a.dtype, "x_zp"), one, zero,
+                                          self.zp(0, dt, "y_zp")], dt, "center", qmin=lo, qmax=hi)
+        return out, t
+
+    def materialize(self, t: gs.Tensor, out: gs.Tensor | None = None) -> gs.Tensor:
+        """A float tensor for a lowered value (DequantizeLinear), for float islands and graph outputs."""
+        if out is None and t.name in self.floats:
+            return self.floats[t.name]
+        it, a = self.get(t)
+        out = out if out is not None else gs.Variable(self.fresh("dequant_out"), dtype=np.float32)
+        scale, axis = a.scale, None
+        if not a.per_tensor:
+            nz = [i for i, d in enumerate(scale.shape) if d != 1]
+            axis = nz[0] - len(scale.shape)
+            scale = scale.reshape(-1)
+        attrs = {"axis": axis} if axis is not None else {}
+        self.g.nodes.append(gs.Node("DequantizeLinear", name=self.fresh("dequant"), attrs=attrs, inputs=[
+            it, self.const(scale.astype(np.float32).reshape(scale.shape if axis is not None else ()), "scale"),
+            self.zp(a.zero_point, a.dtype, "zp")], outputs=[out]))
+        self.floats[t.name] = out
+        return out
