@@ -46,6 +46,7 @@ class Context:
     opset_imports: dict[str, int] = field(default_factory=dict)
     functions: list = field(default_factory=list)
     ir_version: int = 10
+    metadata: dict[str, str] = field(default_factory=dict)
 
     def count(self, pass_name: str, key: str, n: int = 1) -> None:
         self.counts.setdefault(pass_name, Counter())[key] += n
@@ -159,6 +160,8 @@ class Pipeline:
         del out.functions[:]
         out.functions.extend(ctx.functions)
         out.producer_name, out.producer_version = "ivit-onnx", _version()
+        for k, v in sorted(ctx.metadata.items()):
+            out.metadata_props.add(key=k, value=v)
         return out, Report({k: dict(v) for k, v in ctx.counts.items()}, dict(ctx.notes), ran)
 
 

@@ -7,6 +7,8 @@ list of such nodes; ``allow_float`` keeps them, fed by DequantizeLinear and repo
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -71,11 +73,12 @@ class LowerInteger(Pass):
         ctx.notes["total_macs"] = total
         ctx.notes["integer_mac_percent"] = 100.0 * ctx.notes.get("integer_macs", 0) / total if total else 100.0
         ctx.notes["max_dyadic_rel_error"] = lw.max_dyadic_error
+        table = {it.name: {"dtype": a.dtype.name, "zero_point": a.zero_point, "scale": a.scale.tolist(),
+                           "bound": a.bound, "replaces": name}
+                 for name, (it, a) in sorted(lw.itype.items()) if not isinstance(it, gs.Constant)}
+        ctx.metadata["ivit_onnx.tensor_map"] = json.dumps(table, sort_keys=True)
         if ctx.options.scale_table:
-            ctx.notes["scales"] = {it.name: {"dtype": a.dtype.name, "zero_point": a.zero_point,
-                                             "scale": a.scale.ravel().tolist(), "bound": a.bound,
-                                             "replaces": name}
-                                   for name, (it, a) in sorted(lw.itype.items()) if not isinstance(it, gs.Constant)}
+            ctx.notes["scales"] = table
         g.cleanup().toposort()
         return True
 

@@ -6,7 +6,6 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ivit_onnx.affine import Affine, dtype_range
-from ivit_onnx.graph import dequantized_const
 
 from .linear import add_bias
 from .lowerer import Lowerer, Outcome
@@ -50,7 +49,7 @@ def add(lw: Lowerer, node: gs.Node) -> Outcome:
     # bias: an int32 accumulator plus a constant
     for got, other in ((gx, y), (gy, x)):
         if got is not None and got[1].dtype == _ACC and got[1].zero_point == 0:
-            c = dequantized_const(other) if lw.get(other) is None else None
+            c = lw.const_float(other)
             if c is not None:
                 out, t = add_bias(lw, *got, c, "bias")
                 lw.set(node.outputs[0], out, t)
@@ -62,8 +61,8 @@ def add(lw: Lowerer, node: gs.Node) -> Outcome:
     return Outcome.HANDLED
 
 
-def _positive_const(t: gs.Tensor) -> np.ndarray | None:
-    v = dequantized_const(t)
+def _positive_const(lw: Lowerer, t: gs.Tensor) -> np.ndarray | None:
+    v = lw.const_float(t)
     if v is None or not np.issubdtype(v.dtype, np.floating) or np.any(v <= 0):
         return None
     return v.astype(np.float64)
@@ -74,7 +73,7 @@ def scale_by_const(lw: Lowerer, node: gs.Node) -> Outcome:
     x, y = node.inputs
     for data, k in ((x, y), (y, x)) if node.op == "Mul" else ((x, y),):
         got = lw.get(data)
-        kv = _positive_const(k)
+        kv = _positive_const(lw, k)
         if got is None or kv is None:
             continue
         it, a = got

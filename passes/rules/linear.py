@@ -10,7 +10,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ivit_onnx.affine import Affine
-from ivit_onnx.graph import const_array, dequantized_const
+from ivit_onnx.graph import const_array
 
 from .lowerer import Lowerer, Outcome
 
@@ -99,7 +99,7 @@ def gemm(lw: Lowerer, node: gs.Node) -> Outcome:
     out, t = _integer_matmul(lw, lw.per_tensor(*a_in), b_in, w.shape[0], "gemm", node.outputs[0].shape)
     t = t.scaled(float(node.attrs.get("alpha", 1.0)))
     if len(node.inputs) > 2 and node.inputs[2].name:
-        bias = dequantized_const(node.inputs[2])
+        bias = lw.const_float(node.inputs[2])
         if bias is None:
             return Outcome.FLOAT
         out, t = add_bias(lw, out, t, bias * float(node.attrs.get("beta", 1.0)), "gemm_bias")
@@ -130,7 +130,7 @@ def conv(lw: Lowerer, node: gs.Node) -> Outcome:
     scale = np.asarray(x.scale * w.scale.reshape(-1)).reshape([-1] + [1] * nd) if w.scale.size > 1 else x.scale * w.scale
     t = Affine(scale, 0, np.int32, bound=min(k * x.bound * w.bound, _INT32_MAX))
     if len(node.inputs) > 2 and node.inputs[2].name:
-        bias = dequantized_const(node.inputs[2])
+        bias = lw.const_float(node.inputs[2])
         if bias is None:
             return Outcome.FLOAT
         out, t = add_bias(lw, out, t, bias.reshape([-1] + [1] * nd), "conv_bias")

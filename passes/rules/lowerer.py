@@ -60,6 +60,14 @@ class Lowerer:
     def set(self, t: gs.Tensor, it: gs.Tensor, a: Affine) -> None:
         self.itype[t.name] = (it, a)
 
+    def const_float(self, t: gs.Tensor) -> np.ndarray | None:
+        """The real value of a constant: a float initializer, or a lowered DequantizeLinear of one."""
+        got = self.get(t)
+        if got is not None and isinstance(got[0], gs.Constant):
+            it, a = got
+            return ((np.asarray(it.values, np.float64) - a.zero_point) * a.scale).astype(np.float32)
+        return dequantized_const(t)
+
     def operand(self, t: gs.Tensor, const_dtype=np.int16) -> tuple[gs.Tensor, Affine] | None:
         """An integer view of ``t``: its lowered value, or a float constant quantized symmetrically."""
         got = self.get(t)

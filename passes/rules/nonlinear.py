@@ -14,7 +14,6 @@ import onnx_graphsurgeon as gs
 
 from ivit_onnx.affine import Affine, dtype_range
 from ivit_onnx.dyadic import multiplier_bits
-from ivit_onnx.graph import dequantized_const
 from ivit_onnx.opset.shift_exp import max_n
 
 from .lowerer import Lowerer, Outcome
@@ -98,8 +97,8 @@ def gelu(lw: Lowerer, node: gs.Node) -> Outcome:
 
 def layernorm(lw: Lowerer, node: gs.Node) -> Outcome:
     got = lw.get(node.inputs[0])
-    gamma = dequantized_const(node.inputs[1]) if len(node.inputs) > 1 else None
-    beta = dequantized_const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else None
+    gamma = lw.const_float(node.inputs[1]) if len(node.inputs) > 1 else None
+    beta = lw.const_float(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else None
     c_len = _last_dim(node.inputs[0])
     if got is None or gamma is None or c_len is None or not _is_last_axis(node, -1):
         return Outcome.FLOAT

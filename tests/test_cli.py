@@ -1,0 +1,63 @@
+"""``ivit-onnx rewrite``: report, exit codes, one-line errors, nothing written on failure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import onnx
+import pytest
+
+from tests.passes.test_lower_integer import _attention_like, _island
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "ivit_onnx.cli", *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def fq_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "fq.onnx"
+    onnx.save(_attention_like(), path)
+    return path
+
+
+def test_rewrite_writes_model_and_report(fq_path, tmp_path):
+    out, rep = tmp_path / "int.onnx", tmp_path / "r.json"
+    r = _cli("rewrite", str(fq_path), "-o", str(out), "--report", str(rep), "--scales")
+    assert r.returncode == 0, r.stderr
+    assert "integer MACs: 100.00%" in r.stdout and "float islands: 0" in r.stdout
+    data = json.loads(rep.read_text())
+    assert data["counts"]["lower_integer"]["MatMulInteger"] == 1 and data["scales"]
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+
+
+@pytest.mark.parametrize("content, msg", [(None, "no such file"), (b"\x08\x07garbage", "not an ONNX model"),
+                                          ("truncate", "truncated")])
+def test_bad_files_exit_2_with_one_line(fq_path, tmp_path, content, msg):
+    src = tmp_path / "bad.onnx"
+    if content == "truncate":
+        src.write_bytes(fq_path.read_bytes()[:200])
+    elif content is not None:
+        src.write_bytes(content)
+    out = tmp_path / "int.onnx"
+    r = _cli("rewrite", str(src), "-o", str(out))
+    assert r.returncode == 2
+    assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_float_island_exit_2_and_allow_float(tmp_path):
+    src, out = tmp_path / "fq.onnx", tmp_path / "int.onnx"
+    onnx.save(_island(), src)
+    r = _cli("rewrite", str(src), "-o", str(out))
+    assert r.returncode == 2 and "Sin" in r.stderr and not out.exists()
+    r = _cli("rewrite", str(src), "-o", str(out), "--allow-float")
+    assert r.returncode == 0 and "float islands: 1" in r.stdout and out.exists()
+
+
+def test_help_documents_every_option():
+    r = _cli("rewrite", "--help")
+    for opt in ("--output", "--allow-float", "--report", "--scales", "--stop-after", "--gelu-bits", "--min-x0"):
+        assert opt in r.stdout
