@@ -74,13 +74,29 @@ def dyadic(
 def dyadic_array(
     m: np.ndarray, bits: int = MAX_BITS, *, what: str = "multiplier", allow_negative: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Elementwise :func:`dyadic` for per-channel multipliers; returns int64 arrays shaped like ``m``."""
-    flat = np.asarray(m, dtype=np.float64).reshape(-1)
-    pairs = [dyadic(v, bits, what=f"{what}[{i}]", allow_negative=allow_negative) for i, v in enumerate(flat)]
-    shape = np.shape(m)
-    b = np.array([p[0] for p in pairs], dtype=np.int64).reshape(shape)
-    c = np.array([p[1] for p in pairs], dtype=np.int64).reshape(shape)
-    return b, c
+    """Elementwise :func:`dyadic` (vectorized) for per-channel multipliers; int64 arrays shaped like ``m``."""
+    arr = np.asarray(m, dtype=np.float64)
+    flat = arr.reshape(-1)
+    bad = ~np.isfinite(flat) | (flat == 0) | ((flat < 0) & (not allow_negative))
+    if np.any(bad) or not 1 <= bits <= MAX_BITS:
+        i = int(np.argmax(bad)) if np.any(bad) else 0
+        dyadic(float(flat[i]), bits, what=f"{what}[{i}]", allow_negative=allow_negative)  # raises the message
+    mag = np.abs(flat)
+    _, exp = np.frexp(mag)
+    c = bits - exp.astype(np.int64)
+    if np.any(c < 0):
+        i = int(np.argmax(c < 0))
+        dyadic(float(flat[i]), bits, what=f"{what}[{i}]", allow_negative=allow_negative)
+    c = np.minimum(c, MAX_SHIFT)
+    b = np.rint(np.ldexp(mag, c))
+    carry = b >= 2.0**bits
+    b = np.where(carry, np.rint(b / 2), b)
+    c = np.where(carry, c - 1, c)
+    if np.any(c < 0) or np.any(b == 0):
+        i = int(np.argmax((c < 0) | (b == 0)))
+        dyadic(float(flat[i]), bits, what=f"{what}[{i}]", allow_negative=allow_negative)
+    b = (np.sign(flat) * b).astype(np.int64)
+    return b.reshape(arr.shape), c.astype(np.int64).reshape(arr.shape)
 
 
 def dyadic_value(b, c) -> np.ndarray:

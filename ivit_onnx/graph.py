@@ -100,3 +100,17 @@ def replace_uses(old: gs.Tensor, new: gs.Tensor, graph: gs.Graph | None = None) 
                 node.inputs[i] = new
     if graph is not None:
         graph.outputs = [new if t is old else t for t in graph.outputs]
+
+
+def detach(node: gs.Node) -> None:
+    """Disconnect ``node`` from its tensors by identity (gs's list sync compares nodes with a slow ``==``)."""
+    for t in node.inputs:
+        keep = [n for n in t.outputs if n is not node]
+        list.clear(t.outputs)
+        list.extend(t.outputs, keep)
+    for t in node.outputs:
+        keep = [n for n in t.inputs if n is not node]
+        list.clear(t.inputs)
+        list.extend(t.inputs, keep)
+    list.clear(node.inputs)
+    list.clear(node.outputs)

@@ -15,11 +15,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from .errors import ConversionError
-from .io import load_model
+from .io import fold_quantized_weights, load_model, skeleton
 
 
 @dataclass
@@ -135,15 +136,21 @@ class Pipeline:
         """Run the passes in order; returns ``(ModelProto, Report)``."""
         if stop_after is not None:
             self._index(stop_after)
-        proto = load_model(model)
-        try:  # shapes and dtypes on every edge: rules need row lengths and element types
-            proto = onnx.shape_inference.infer_shapes(proto)
+        proto = fold_quantized_weights(load_model(model))
+        try:  # shapes and dtypes on every edge (rules need row lengths and element types), weights left out
+            inferred = onnx.shape_inference.infer_shapes(skeleton(proto))
         except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
             raise ConversionError(f"shape inference failed: {str(e).strip().splitlines()[0]}") from None
+        del proto.graph.value_info[:]
+        proto.graph.value_info.extend(inferred.graph.value_info)
         opset = next((i.version for i in proto.opset_import if i.domain in ("", "ai.onnx")), 0)
-        ctx = Context(gs.import_onnx(proto), opset, options or Options(),
+        graph = gs.import_onnx(proto)
+        _own_values(graph)
+        graph.import_domains = [_copy(d) for d in proto.opset_import]  # gs kept the file's own list
+        ctx = Context(graph, opset, options or Options(),
                       opset_imports={i.domain: i.version for i in proto.opset_import},
-                      functions=list(proto.functions), ir_version=proto.ir_version)
+                      functions=[_copy(f) for f in proto.functions], ir_version=proto.ir_version)
+        del proto, inferred
         ran = []
         for p in self.passes:
             missing = [r for r in p.requires if r not in _guaranteed(self.passes[: len(ran)])]
@@ -163,6 +170,22 @@ class Pipeline:
         for k, v in sorted(ctx.metadata.items()):
             out.metadata_props.add(key=k, value=v)
         return out, Report({k: dict(v) for k, v in ctx.counts.items()}, dict(ctx.notes), ran)
+
+
+def _own_values(graph: gs.Graph) -> None:
+    """Load every lazily-referenced constant into its own array, so the parsed file can be freed (protobuf
+    arenas free a message's weights only when nothing points into it)."""
+    consts = [t for t in graph.tensors().values() if isinstance(t, gs.Constant)]
+    consts += [v for n in graph.nodes for v in n.attrs.values() if isinstance(v, gs.Constant)]
+    for t in consts:
+        if not isinstance(t.values, np.ndarray):
+            t.values = np.asarray(t.values.load())
+
+
+def _copy(msg):
+    out = type(msg)()
+    out.CopyFrom(msg)
+    return out
 
 
 def _guaranteed(passes: list[Pass]) -> set[str]:

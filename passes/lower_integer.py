@@ -13,7 +13,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ivit_onnx.errors import ConversionError
-from ivit_onnx.graph import node_label
+from ivit_onnx.graph import detach, node_label
 from ivit_onnx.pipeline import Context, Pass
 
 from .rules import RULES, Lowerer, Outcome
@@ -52,8 +52,7 @@ class LowerInteger(Pass):
             except ValueError as e:
                 raise ConversionError(f"{node_label(node)}: {e}") from None
             if outcome is Outcome.HANDLED:
-                node.inputs.clear()
-                node.outputs.clear()
+                detach(node)
                 continue
             if outcome is Outcome.FLOAT and (any(_is_float(t) for t in node.outputs)
                                              or any(lw.get(t) is not None for t in node.inputs)):

@@ -16,10 +16,12 @@ PASS_THROUGH = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slic
 
 def _transpose(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
     """Transpose permutes a per-channel scale with the data; a constant is transposed at rewrite time."""
-    rank = len(it.shape) if it.shape is not None else a.scale.ndim
-    perm = node.attrs.get("perm", list(range(rank))[::-1])
-    scale = a.scale.reshape((1,) * (rank - a.scale.ndim) + a.scale.shape).transpose(perm)
-    t = Affine(scale if scale.size > 1 else scale.reshape(()), a.zero_point, a.dtype, a.bound)
+    rank = len(it.shape) if it.shape is not None else None
+    perm = node.attrs.get("perm") or list(range(rank))[::-1]
+    t = a
+    if not a.per_tensor:
+        scale = a.scale.reshape((1,) * (len(perm) - a.scale.ndim) + a.scale.shape).transpose(perm)
+        t = Affine(scale, a.zero_point, a.dtype, a.bound)
     if isinstance(it, gs.Constant):
         out = lw.const(np.ascontiguousarray(np.asarray(it.values).transpose(perm)), "transposed")
     else:
