@@ -33,6 +33,26 @@ def _macs(node: gs.Node) -> int:
     return int(np.prod(dims)) * int(k if isinstance(k, int) else 1)
 
 
+def _expand_gelu(g: gs.Graph, node: gs.Node) -> None:
+    """A Gelu marker left as a float island in a pre-opset-20 model goes back to standard ops."""
+    x, out = node.inputs[0], node.outputs[0]
+    detach(node)
+    c = lambda v, n: gs.Constant(f"{out.name}/{n}", np.array(v, np.float32))  # noqa: E731
+    if node.attrs.get("approximate", "none") == "tanh":
+        x3 = g.layer(op="Mul", inputs=[x, g.layer(op="Mul", inputs=[x, x], outputs=[f"{out.name}/x2"])[0]],
+                     outputs=[f"{out.name}/x3"])[0]
+        inner = g.layer(op="Add", inputs=[x, g.layer(op="Mul", inputs=[x3, c(0.044715, "k")],
+                                                     outputs=[f"{out.name}/kx3"])[0]], outputs=[f"{out.name}/in"])[0]
+        arg = g.layer(op="Mul", inputs=[inner, c(float(np.sqrt(2 / np.pi)), "s")], outputs=[f"{out.name}/arg"])[0]
+        t = g.layer(op="Tanh", inputs=[arg], outputs=[f"{out.name}/t"])[0]
+    else:
+        arg = g.layer(op="Div", inputs=[x, c(float(np.sqrt(2.0)), "s")], outputs=[f"{out.name}/arg"])[0]
+        t = g.layer(op="Erf", inputs=[arg], outputs=[f"{out.name}/t"])[0]
+    one_plus = g.layer(op="Add", inputs=[t, c(1.0, "one")], outputs=[f"{out.name}/1p"])[0]
+    half_x = g.layer(op="Mul", inputs=[x, c(0.5, "half")], outputs=[f"{out.name}/hx"])[0]
+    g.layer(op="Mul", inputs=[half_x, one_plus], outputs=[out])
+
+
 class LowerInteger(Pass):
     name = "lower_integer"
     requires = ("constant_qdq_params",)
@@ -63,6 +83,9 @@ class LowerInteger(Pass):
                 if lw.get(t) is not None:
                     node.inputs[i] = lw.materialize(t)
         self._bind_outputs(lw)
+        for node in islands:
+            if node.op == "Gelu" and ctx.opset < 20:
+                _expand_gelu(g, node)
         if islands and not ctx.options.allow_float:
             names = ", ".join(node_label(n) for n in islands[:8]) + (" ..." if len(islands) > 8 else "")
             raise ConversionError(f"{len(islands)} node(s) have no integer rule (float islands): {names}; "

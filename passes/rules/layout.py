@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ivit_onnx.affine import Affine
+from ivit_onnx.affine import Affine, dtype_range
 
 from .lowerer import Lowerer, Outcome
 
@@ -52,9 +52,11 @@ def concat(lw: Lowerer, node: gs.Node) -> Outcome:
     if all(o is None for o in ops):
         return Outcome.FLOAT
     t = lw.target(node.outputs[0])
-    if t is None:  # the first lowered input's type, with its full range (other inputs are requantized into it)
-        first = next(lw.per_tensor(*o)[1] for o in ops if o is not None)
-        t = Affine(first.scale, first.zero_point, first.dtype)
+    if t is None:  # the widest input type, at the finest scale that still holds every input's range
+        types = [lw.per_tensor(*o)[1] for o in ops if o is not None]
+        dt = max((np.dtype(np.int16) if a.dtype == np.uint8 else a.dtype for a in types), key=lambda d: d.itemsize)
+        reach = max(float(a.scale) * a.bound for a in types)
+        t = Affine(np.float64(max(min(float(a.scale) for a in types), reach / dtype_range(dt)[1])), 0, dt)
     ints = []
     for tensor, o in zip(node.inputs, ops, strict=True):
         o = o if o is not None else lw.operand(tensor)
@@ -71,6 +73,10 @@ def shape(lw: Lowerer, node: gs.Node) -> Outcome:
     got = lw.get(node.inputs[0])
     if got is not None:
         node.inputs[0] = got[0]
+    else:  # the shape of a float graph input is the shape of its quantized copy
+        q = next((c for c in node.inputs[0].outputs if c.op == "QuantizeLinear"), None)
+        if q is not None:
+            node.inputs[0] = q.outputs[0]
     return Outcome.KEPT
 
 

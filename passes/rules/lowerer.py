@@ -192,8 +192,9 @@ class Lowerer:
             axis = nz[0] - len(scale.shape)
             scale = scale.reshape(-1)
         attrs = {"axis": axis} if axis is not None else {}
+        zp = np.full(scale.shape if axis is not None else (), a.zero_point, dtype=a.dtype)
         self.g.nodes.append(gs.Node("DequantizeLinear", name=self.fresh("dequant"), attrs=attrs, inputs=[
-            it, self.const(scale.astype(np.float32).reshape(scale.shape if axis is not None else ()), "scale"),
-            self.zp(a.zero_point, a.dtype, "zp")], outputs=[out]))
+            it, self.const(scale.astype(np.float32).reshape(zp.shape), "scale"), self.const(zp, "zp")],
+            outputs=[out]))
         self.floats[t.name] = out
         return out

@@ -19,6 +19,9 @@ from ivit_onnx.opset.shift_exp import max_n
 from .lowerer import Lowerer, Outcome
 
 _SOFTMAX_DEFAULT_BITS = 16
+#: ShiftExp multiplies by 1.0111b = 1.4375 for log2(e); choosing x0 = 1.4375 / (log2(e) * s) instead of the
+#: paper's round(1/s) cancels that 0.36 % slope error exactly (up to x0's rounding, < 0.05 % for x0 >= 1024)
+_LOG2E_FIX = 1.4375 / math.log2(math.e)
 
 
 def _last_dim(t: gs.Tensor) -> int | None:
@@ -55,7 +58,7 @@ def softmax(lw: Lowerer, node: gs.Node) -> Outcome:
     if got is None or not _is_last_axis(node, -1 if lw.ctx.opset >= 13 else 1):
         return Outcome.FLOAT
     it, a = lw.per_tensor(*got)
-    it, a, x0r = _fine_grid(lw, it, a, 1.0 / float(a.scale))
+    it, a, x0r = _fine_grid(lw, it, a, _LOG2E_FIX / float(a.scale))
     x0 = int(round(x0r))
     row = _last_dim(node.inputs[0]) or lw.opt.max_row
     n = max_n(x0, row)
@@ -82,7 +85,7 @@ def gelu(lw: Lowerer, node: gs.Node) -> Outcome:
         return Outcome.FLOAT
     it, a = lw.symmetric(*lw.per_tensor(*got))
     s = float(a.scale)
-    it, a, x0r = _fine_grid(lw, it, a, 1.0 / (1.702 * s))
+    it, a, x0r = _fine_grid(lw, it, a, _LOG2E_FIX / (1.702 * s))
     x0 = int(round(x0r))
     n = max_n(x0, 1)
     bits = lw.opt.gelu_bits

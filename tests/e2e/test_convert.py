@@ -1,0 +1,95 @@
+"""Every input kind converts end to end: integer-only, expected op counts, and agreement with the
+fake-quant model in onnxruntime on the digits test images (logits cosine >= 0.99, top-1 >= 99%)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from ivit_onnx import rewrite
+from ivit_onnx.certify import float_offenders
+from tests.e2e.conftest import distilled_copy, torch
+from tests.graphs import op_counts
+
+DEPTH = 4  # the bundled digits ViT
+
+
+def _logits(model_or_path, x):
+    data = model_or_path if isinstance(model_or_path, str) else model_or_path.SerializeToString()
+    s = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return s.run(None, {s.get_inputs()[0].name: x})[0]
+
+
+def _agreement(fq_path, int_model, x):
+    a, b = _logits(str(fq_path), x), _logits(int_model, x)
+    cos = float(np.mean(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))))
+    return cos, float(np.mean(a.argmax(1) == b.argmax(1)))
+
+
+def _own_fq(tmp_path_factory, model, digits, name, exporter="torchscript", **quant):
+    from ivit_onnx.models.export import export_onnx
+    from ivit_onnx.models.quant import quantize
+
+    x_train = digits[0]
+    calib = [torch.from_numpy(x_train[i : i + 256]) for i in range(0, len(x_train), 256)]
+    fq = quantize(model, calib, **quant)
+    path = tmp_path_factory.mktemp("fq") / f"{name}.onnx"
+    export_onnx(fq, torch.from_numpy(digits[2][:2]), path, exporter=exporter)
+    return path
+
+
+OWN = {
+    "torchscript": dict(exporter="torchscript"),
+    "dynamo": dict(exporter="dynamo"),
+    "residual16": dict(exporter="torchscript", residual_bits=16),
+    "uint8_split_qkv": dict(exporter="torchscript", act_dtype="uint8", qkv="split"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(OWN) + ["distilled"])
+def own_fq(request, tmp_path_factory, digits_torch, digits):
+    if request.param == "distilled":
+        return request.param, _own_fq(tmp_path_factory, distilled_copy(digits_torch), digits, "distilled")
+    return request.param, _own_fq(tmp_path_factory, digits_torch, digits, request.param, **OWN[request.param])
+
+
+def _check_converted(fq_path, digits, expect_tokens_ops=True):
+    model, report = rewrite(str(fq_path))
+    assert float_offenders(model) == []
+    assert report.notes["float_islands"] == [] and report.notes["integer_mac_percent"] == 100.0
+    counts = op_counts(model)
+    assert counts.get("ai.ivit:Shiftmax") == DEPTH
+    assert counts.get("ai.ivit:ShiftGELU") == DEPTH
+    assert counts.get("ai.ivit:ILayerNorm") == 2 * DEPTH + 1
+    assert counts.get("MatMulInteger", 0) >= 6 * DEPTH
+    assert counts.get("ConvInteger") == 1
+    for float_op in ("MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization", "Erf", "Tanh"):
+        assert float_op not in counts
+    cos, agree = _agreement(fq_path, model, digits[2])
+    assert cos >= 0.99 and agree >= 0.99, (cos, agree)
+    return model, report
+
+
+def test_own_fake_quant_models(own_fq, digits):
+    _check_converted(own_fq[1], digits)
+
+
+@pytest.mark.parametrize("variant", ["int8_sym", "uint8_asym", "partial"])
+def test_onnxruntime_quantize_static_models(variant, digits, digits_fp32_path, tmp_path):
+    from ivit_onnx.models.ort_qdq import ort_quantize
+
+    x_train = digits[0]
+    path = tmp_path / f"ort_{variant}.onnx"
+    ort_quantize(digits_fp32_path, path, [x_train[i : i + 128] for i in range(0, 512, 128)], variant=variant)
+    _check_converted(path, digits)
+
+
+def test_bundled_digits_accuracy_within_half_a_point(digits):
+    from ivit_onnx.models.bundled import default_model_path
+
+    model, _ = rewrite(str(default_model_path()))
+    x, y = digits[2], digits[3]
+    fq_acc = float(np.mean(_logits(str(default_model_path()), x).argmax(1) == y)) * 100
+    int_acc = float(np.mean(_logits(model, x).argmax(1) == y)) * 100
+    assert abs(int_acc - fq_acc) <= 0.5, (fq_acc, int_acc)
