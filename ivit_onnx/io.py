@@ -109,3 +109,20 @@ def fold_quantized_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     og.initializer.extend(t for t in g.initializer if t.name in used)
     og.initializer.extend(numpy_helper.from_array(q, name) for name, q in folded.items())
     return out
+
+
+#: the function bodies use CastLike (opset 15)
+MIN_OPSET = 15
+
+
+def ensure_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Models below opset 15 are converted up (the private ops' bodies need CastLike); 13 is the oldest taken."""
+    version = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
+    if version >= MIN_OPSET or version < 13:
+        return model
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:  # noqa: BLE001 - the converter raises several types; one line for the user
+        raise ConversionError(f"cannot upgrade opset {version} to {MIN_OPSET}: {str(e).splitlines()[0]}") from None

@@ -20,7 +20,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from .errors import ConversionError
-from .io import fold_quantized_weights, load_model, skeleton
+from .io import ensure_opset, fold_quantized_weights, load_model, skeleton
 
 
 @dataclass
@@ -136,7 +136,7 @@ class Pipeline:
         """Run the passes in order; returns ``(ModelProto, Report)``."""
         if stop_after is not None:
             self._index(stop_after)
-        proto = fold_quantized_weights(load_model(model))
+        proto = fold_quantized_weights(ensure_opset(load_model(model)))
         try:  # shapes and dtypes on every edge (rules need row lengths and element types), weights left out
             inferred = onnx.shape_inference.infer_shapes(skeleton(proto))
         except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:

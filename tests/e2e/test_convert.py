@@ -27,7 +27,7 @@ def _agreement(fq_path, int_model, x):
     return cos, float(np.mean(a.argmax(1) == b.argmax(1)))
 
 
-def _own_fq(tmp_path_factory, model, digits, name, exporter="torchscript", **quant):
+def _own_fq(tmp_path_factory, model, digits, name, export=None, **quant):
     from ivit_onnx.models.export import export_onnx
     from ivit_onnx.models.quant import quantize
 
@@ -35,7 +35,7 @@ def _own_fq(tmp_path_factory, model, digits, name, exporter="torchscript", **qua
     calib = [torch.from_numpy(x_train[i : i + 256]) for i in range(0, len(x_train), 256)]
     fq = quantize(model, calib, **quant)
     path = tmp_path_factory.mktemp("fq") / f"{name}.onnx"
-    export_onnx(fq, torch.from_numpy(digits[2][:2]), path, exporter=exporter)
+    export_onnx(fq, torch.from_numpy(digits[2][:2]), path, **(export or {}))
     return path
 
 
@@ -44,14 +44,31 @@ OWN = {
     "dynamo": dict(exporter="dynamo"),
     "residual16": dict(exporter="torchscript", residual_bits=16),
     "uint8_split_qkv": dict(exporter="torchscript", act_dtype="uint8", qkv="split"),
+    "opset14_decomposed_layernorm": dict(exporter="torchscript", opset=14),
 }
 
 
-@pytest.fixture(scope="module", params=sorted(OWN) + ["distilled"])
+def _tanh_twin(model):
+    """The same weights with tanh-form GELU (exporters then emit the tanh pattern)."""
+    from ivit_onnx.models.bundled import load_default_info
+    from ivit_onnx.models.vit import vit
+
+    cfg = {k: v for k, v in load_default_info()["model"].items() if k != "factory"}
+    twin = vit(**cfg, gelu="tanh")
+    twin.load_state_dict(model.state_dict())
+    return twin.eval()
+
+
+@pytest.fixture(scope="module", params=sorted(OWN) + ["distilled", "tanh_gelu"])
 def own_fq(request, tmp_path_factory, digits_torch, digits):
-    if request.param == "distilled":
-        return request.param, _own_fq(tmp_path_factory, distilled_copy(digits_torch), digits, "distilled")
-    return request.param, _own_fq(tmp_path_factory, digits_torch, digits, request.param, **OWN[request.param])
+    name = request.param
+    if name == "distilled":
+        return name, _own_fq(tmp_path_factory, distilled_copy(digits_torch), digits, name)
+    if name == "tanh_gelu":
+        return name, _own_fq(tmp_path_factory, _tanh_twin(digits_torch), digits, name)
+    opts = dict(OWN[name])
+    export = {k: opts.pop(k) for k in ("exporter", "opset") if k in opts}
+    return name, _own_fq(tmp_path_factory, digits_torch, digits, name, export, **opts)
 
 
 def _check_converted(fq_path, digits, expect_tokens_ops=True):
@@ -72,7 +89,11 @@ def _check_converted(fq_path, digits, expect_tokens_ops=True):
 
 
 def test_own_fake_quant_models(own_fq, digits):
-    _check_converted(own_fq[1], digits)
+    _, report = _check_converted(own_fq[1], digits)
+    if own_fq[0] == "tanh_gelu":
+        assert report.counts["fuse_gelu"] == {"GELU (tanh form)": DEPTH}
+    if own_fq[0] == "opset14_decomposed_layernorm":
+        assert report.counts["fuse_layernorm"] == {"LayerNorm (decomposed)": 2 * DEPTH + 1}
 
 
 @pytest.mark.parametrize("variant", ["int8_sym", "uint8_asym", "partial"])

@@ -129,3 +129,24 @@ def test_output_is_deterministic():
     a, _ = rewrite(fq)
     b, _ = rewrite(fq)
     assert a.SerializeToString() == b.SerializeToString()
+
+
+def test_unsupported_quantized_type_is_named():
+    g = G()
+    g.output(g.qdq(g.input("x", [2, 6, 16]), 0.1, 0, np.int32))
+    with pytest.raises(ConversionError, match=r"QuantizeLinear .*unsupported quantized type int32"):
+        rewrite(g.model())
+
+
+def test_gelu_left_as_float_island_is_valid_at_old_opsets():
+    """A fused GELU that cannot be lowered (its input is not quantized) goes back to standard ops."""
+    g = G()
+    x = g.input("x", [2, 6, 16])
+    e = g.node("Erf", [g.node("Div", [x, g.const(np.sqrt(2.0))])])
+    y = g.node("Mul", [g.node("Mul", [x, g.node("Add", [e, g.const(1.0)])]), g.const(0.5)])
+    g.output(g.qdq(y, 0.02))
+    fq = g.model()
+    out, report = rewrite(fq, allow_float=True)
+    assert "Gelu" not in op_counts(out) and op_counts(out).get("Erf") == 1
+    assert any("Gelu" in i for i in report.notes["float_islands"])
+    np.testing.assert_allclose(run(out, {"x": X})[0], run(fq, {"x": X})[0], atol=1e-6)
