@@ -98,9 +98,7 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + num_tokens, embed_dim))
         self.q_pos = QuantPoint()
         self.q_pos_add = QuantPoint("residual")
-        self.blocks = nn.Sequential(
-            *(Block(embed_dim, num_heads, mlp_ratio, gelu) for _ in range(depth))
-        )
+        self.blocks = nn.Sequential(*(Block(embed_dim, num_heads, mlp_ratio, gelu) for _ in range(depth)))
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.q_norm = QuantPoint()
         self.head = nn.Linear(embed_dim, num_classes)
