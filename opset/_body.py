@@ -3,6 +3,15 @@
 It encodes the engine rules of FACTS.md once: no signed BitShift (powers of two come from a uint64
 shift), no integer Pow, floor division of signed values as ``(a - Mod(a, d)) / d`` (Div truncates),
 and ReduceMax/ReduceSum axes in the form the model's opset version expects.
+
+onnxruntime 1.31's int64 Max, Min, Clip, ReduceMax and ReduceMin are wrong on this AVX-512 CPU for
+values with ``2**31 <= |v| < 2**32`` in tensors of more than one element (e.g. ``Clip(-2687724265,
+-128, 127)`` returns ``-2687724265``; Less/Greater/Where are right). So the elementwise max/min of
+int64 values are built as ``Where(Less(a, b), b, a)`` (:meth:`Body.maximum`, :meth:`Body.minimum`),
+saturation too, and ReduceMax is only applied to int64 values that fit int32 (inputs cast up).
+Its int64 ReduceSum goes through double: sums beyond ``2**53`` are rounded (``[2**53, 1]`` sums to
+``2**53``) and overflow saturates. Large non-negative sums are therefore split at ``2**32``
+(:meth:`Body.reduce_sum_exact`), so every ReduceSum stays below ``2**53``.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ class Body:
         return self.op("Cast", x, to=I64)
 
     def pow2(self, c: str) -> str:
-        """``2**c`` as int64 for int64 ``0 <= c <= 62`` (uint64 left shift: signed BitShift is not allowed)."""
+        """``2**c`` as int64 for int64 ``0 <= c <= 62``, by a uint64 left shift (no signed BitShift)."""
         one = self.const(1, np.uint64)
         shifted = self.op("BitShift", one, self.op("Cast", c, to=TensorProto.UINT64), direction="LEFT")
         return self.i64(shifted)
@@ -70,9 +79,20 @@ class Body:
         half = self.op("Div", p, self.const(2))
         return self.floor_div(self.op("Add", t, half), p)
 
+    def maximum(self, a: str, b: str) -> str:
+        """Elementwise max of int64 ``a``, ``b``: ``Where(Less(a, b), b, a)`` (not Max: module doc)."""
+        return self.op("Where", self.op("Less", a, b), b, a)
+
+    def minimum(self, a: str, b: str) -> str:
+        """Elementwise min of int64 ``a``, ``b``: ``Where(Less(b, a), b, a)`` (not Min: module doc)."""
+        return self.op("Where", self.op("Less", b, a), b, a)
+
     def saturate(self, y: str, like: str, out: str | None = None) -> str:
-        """Clip int64 ``y`` to ``[qmin, qmax]`` (attributes) and cast to the type of ``like``."""
-        clipped = self.op("Clip", y, self.attr_int("qmin"), self.attr_int("qmax"))
+        """Clip int64 ``y`` to ``[qmin, qmax]`` (attributes) and cast to the type of ``like``.
+
+        The clip is :meth:`maximum` then :meth:`minimum`, not Clip (wrong on int64 in onnxruntime 1.31).
+        """
+        clipped = self.minimum(self.maximum(y, self.attr_int("qmin")), self.attr_int("qmax"))
         return self.op("CastLike", clipped, like, out=out)
 
     def _reduce(self, op_type: str, x: str, attr_axes_until: int) -> str:
@@ -81,12 +101,28 @@ class Body:
         return self.op(op_type, x, self.const([-1]), keepdims=1)
 
     def reduce_max(self, x: str) -> str:
-        """Max over the last axis, kept (ReduceMax takes axes as an input from opset 18)."""
+        """Max over the last axis, kept (ReduceMax takes axes as an input from opset 18).
+
+        Only for int64 values within int32's range (onnxruntime 1.31's int64 ReduceMax is wrong beyond).
+        """
         return self._reduce("ReduceMax", x, 18)
 
     def reduce_sum(self, x: str) -> str:
-        """Sum over the last axis, kept (ReduceSum takes axes as an input from opset 13)."""
+        """Sum over the last axis, kept (ReduceSum takes axes as an input from opset 13).
+
+        Exact only while every partial sum stays below ``2**53`` (onnxruntime sums int64 in double).
+        """
         return self._reduce("ReduceSum", x, 13)
+
+    def reduce_sum_exact(self, x: str) -> str:
+        """Exact last-axis sum of non-negative int64 ``x`` (sum below ``2**63``, rows below ``2**21``).
+
+        ``x = h * 2**32 + l`` with ``0 <= l < 2**32``: both partial ReduceSums stay below ``2**53``.
+        """
+        p32 = self.const(1 << 32)
+        hi = self.op("Div", x, p32)  # x >= 0: truncation is floor
+        lo = self.op("Sub", x, self.op("Mul", hi, p32))
+        return self.op("Add", self.op("Mul", self.reduce_sum(hi), p32), self.reduce_sum(lo))
 
     def function(
         self, domain: str, name: str, inputs: list[str], outputs: list[str], attributes: list[str]

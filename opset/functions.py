@@ -22,7 +22,7 @@ def used_ops(model: onnx.ModelProto) -> list[str]:
 
 
 def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Replace any ``ai.ivit`` functions by fresh bodies for the ops in use, and import the domain (in place)."""
+    """Replace any ``ai.ivit`` functions by fresh bodies for the ops in use; import the domain (in place)."""
     opset = default_opset(model)
     names = used_ops(model)
     unknown = [n for n in names if n not in OPS]

@@ -10,7 +10,8 @@ For integer ``x`` (rows of ``C``)::
 
 The converter folds ``b/2**c ~ sqrt(C)*gamma/(2**p * s_y)`` (per channel, signed) and
 ``bias ~ beta/s_y * 2**c``. Preconditions: ``C * max|d|**2 < 2**62`` (choose ``shift_in``),
-``2**p * |b| + |bias| + 2**(c-1) < 2**63``, ``0 <= p <= 61`` (``|d| <= r`` so ``|d * floor(2**61/r)| <= 2**61``).
+``2**p * |b| + |bias| + 2**(c-1) < 2**63``, ``0 <= p <= 61``
+(``|d| <= r`` so ``|d * floor(2**61/r)| <= 2**61``).
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ SPEC = OpSpec(
         Port("y_zero_point", QUANT_OUT, "output zero point; its type is the output type"),
     ),
     output=Port("y", QUANT_OUT, "LayerNorm(x), requantized"),
-    attributes={"shift_in": "left shift of x - mean", "p": "fraction bits of the normalized value",
+    attributes={"shift_in": "x and its mean scaled by 2**shift_in before centring",
+                "p": "fraction bits of the normalized value",
                 "qmin": "lowest output value", "qmax": "highest output value"},
     reference=reference,
     body=body,

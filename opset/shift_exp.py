@@ -53,7 +53,7 @@ def shift_exp_body(g: Body, d: str, x0: str, n: str) -> str:
     """Body twin of :func:`shift_exp`; ``x0`` and ``n`` are int64 scalar tensors."""
     two, sixteen = g.const(2), g.const(16)
     p = g.op("Sub", g.op("Add", d, g.floor_div(d, two)), g.floor_div(d, sixteen))
-    p = g.op("Max", p, g.op("Neg", g.op("Mul", n, x0)))
+    p = g.maximum(p, g.op("Neg", g.op("Mul", n, x0)))
     neg_p = g.op("Neg", p)
     q = g.op("Div", neg_p, x0)  # neg_p >= 0, x0 > 0: truncation is floor
     r = g.op("Sub", neg_p, g.op("Mul", q, x0))

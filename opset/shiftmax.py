@@ -31,7 +31,7 @@ def body(g: Body) -> None:
     x = g.i64("x")
     x0, n, bits = g.attr_int("x0"), g.attr_int("n"), g.attr_int("bits")
     e = shift_exp_body(g, g.op("Sub", x, g.reduce_max(x)), x0, n)
-    y = g.op("Add", int_div_body(g, e, g.reduce_sum(e), bits), g.i64("y_zero_point"))
+    y = g.op("Add", int_div_body(g, e, g.reduce_sum_exact(e), bits), g.i64("y_zero_point"))
     g.op("CastLike", y, "y_zero_point", out="y")
 
 

@@ -119,13 +119,21 @@ def layernorm(lw: Lowerer, node: gs.Node) -> Outcome:
     if t is None:
         top = float(np.max(np.abs(gamma))) * math.sqrt(c_len) + float(np.max(np.abs(beta)))
         t = Affine(np.float64(top / 32767 if top > 0 else 1.0), 0, np.int16)
-    mult = math.sqrt(c_len) * gamma / (2.0**p * t.scale)
-    nz = mult != 0
+    mult = math.sqrt(c_len) * gamma / (2.0**p * float(t.scale))
+    shifted_beta = beta / float(t.scale)
     b = np.zeros(c_len, np.int64)
     c = np.zeros(c_len, np.int64)
-    if np.any(nz):
-        b[nz], c[nz] = lw.dyadic(mult[nz], 61 - p, "LayerNorm gamma multiplier", allow_negative=True)
-    bias = np.rint(np.ldexp(beta / t.scale, c)).astype(np.int64)
+    # |u| <= 2**p, and the bias is |beta/s_y / m| times the multiplier: each channel's multiplier width
+    # leaves room for both, so 2**p |b| + |bias| + 2**(c-1) < 2**63
+    with np.errstate(divide="ignore"):
+        ratio = np.where(mult != 0, np.abs(shifted_beta) / np.abs(mult), np.inf)
+    bits = np.array([61 - ((1 << p) + math.ceil(r) + 1).bit_length() + 1 if np.isfinite(r) else 0
+                     for r in ratio])
+    bits = np.minimum(bits, 31)
+    for w in np.unique(bits[bits >= 8]):  # channels with |gamma| negligible next to beta keep b = 0
+        sel = bits == w
+        b[sel], c[sel] = lw.dyadic(mult[sel], int(w), "LayerNorm gamma multiplier", allow_negative=True)
+    bias = np.rint(np.ldexp(shifted_beta, c)).astype(np.int64)
     lo, hi = dtype_range(t.dtype)
     out = lw.private("ILayerNorm", [it, lw.const(b, "mult"), lw.const(c, "shift"), lw.const(bias, "bias"),
                                     lw.zp(t.zero_point, t.dtype, "y_zp")],
