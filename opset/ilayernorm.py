@@ -65,7 +65,7 @@ def body(g: Body) -> None:
     d = g.op("Sub", g.op("Mul", x, scale_in), mean)
     v = g.maximum(g.reduce_sum_exact(g.op("Mul", d, d)), g.const(1))
     f = g.op("Div", g.const(1 << 61), _isqrt_body(g, v))
-    u = g.floor_div(g.op("Mul", d, f), g.pow2(g.op("Sub", g.const(61), g.attr_int("p"))))
+    u = g.floor_shift(g.op("Mul", d, f), g.op("Sub", g.const(61), g.attr_int("p")))
     t = g.op("Add", g.op("Mul", u, "multiplier"), "bias")
     y = g.op("Add", g.round_shift(t, "shift"), g.i64("y_zero_point"))
     g.saturate(y, "y_zero_point", out="y")

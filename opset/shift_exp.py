@@ -51,17 +51,17 @@ def int_div(e, s, bits: int) -> np.ndarray:
 
 def shift_exp_body(g: Body, d: str, x0: str, n: str) -> str:
     """Body twin of :func:`shift_exp`; ``x0`` and ``n`` are int64 scalar tensors."""
-    two, sixteen = g.const(2), g.const(16)
-    p = g.op("Sub", g.op("Add", d, g.floor_div(d, two)), g.floor_div(d, sixteen))
+    one, four = g.const(1), g.const(4)
+    p = g.op("Sub", g.op("Add", d, g.floor_shift(d, one)), g.floor_shift(d, four))
     p = g.maximum(p, g.op("Neg", g.op("Mul", n, x0)))
     neg_p = g.op("Neg", p)
     q = g.op("Div", neg_p, x0)  # neg_p >= 0, x0 > 0: truncation is floor
     r = g.op("Sub", neg_p, g.op("Mul", q, x0))
-    base = g.op("Add", x0, g.floor_div(g.op("Neg", r), two))
+    base = g.op("Add", x0, g.floor_shift(g.op("Neg", r), one))
     return g.op("Mul", base, g.pow2(g.op("Sub", n, q)))
 
 
 def int_div_body(g: Body, e: str, s: str, bits: str) -> str:
     """Body twin of :func:`int_div` (both operands non-negative: truncating Div is floor)."""
     f = g.op("Div", g.const(_int.RECIP_M), s)
-    return g.op("Div", g.op("Mul", e, f), g.pow2(g.op("Sub", g.const(62), bits)))
+    return g.shift_nonneg(g.op("Mul", e, f), g.op("Sub", g.const(62), bits))
