@@ -41,7 +41,6 @@ print(json.dumps({"seconds": dt, "peak_above_imports_mb": peak - base}))
 
 def _export(name: str, path: Path) -> None:
     import torch
-
     from ivit_onnx.models import vit
     from ivit_onnx.models.export import export_onnx
     from ivit_onnx.models.quant import quantize
@@ -53,8 +52,9 @@ def _export(name: str, path: Path) -> None:
 
 
 def _measure(mode: str, src: Path, dst: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, mode, str(src), str(dst)], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode, str(src), str(dst)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -65,8 +65,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="ivit_bench_"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"{'model':12s} {'file MB':>8s} {'load+save s':>11s} {'rewrite s':>9s} {'time x':>7s} "
-          f"{'peak MB':>8s} {'peak/file':>9s}")
+    print(
+        f"{'model':12s} {'file MB':>8s} {'load+save s':>11s} {'rewrite s':>9s} {'time x':>7s} "
+        f"{'peak MB':>8s} {'peak/file':>9s}"
+    )
     for name in args.models:
         src = out / f"{name}_fq.onnx"
         if not src.exists():
@@ -74,9 +76,12 @@ def main(argv=None) -> int:
         size = src.stat().st_size / 2**20
         base = _measure("loadsave", src, out / f"{name}_copy.onnx")
         conv = _measure("rewrite", src, out / f"{name}_int.onnx")
-        print(f"{name:12s} {size:8.1f} {base['seconds']:11.2f} {conv['seconds']:9.2f} "
-              f"{conv['seconds'] / base['seconds']:7.2f} {conv['peak_above_imports_mb']:8.1f} "
-              f"{conv['peak_above_imports_mb'] / size:9.2f}", flush=True)
+        print(
+            f"{name:12s} {size:8.1f} {base['seconds']:11.2f} {conv['seconds']:9.2f} "
+            f"{conv['seconds'] / base['seconds']:7.2f} {conv['peak_above_imports_mb']:8.1f} "
+            f"{conv['peak_above_imports_mb'] / size:9.2f}",
+            flush=True,
+        )
     return 0
 
 

@@ -6,5 +6,14 @@ from .errors import ConversionError  # noqa: E402
 from .pipeline import Context, Options, Pass, Pipeline, Report, save_model  # noqa: E402
 from .rewrite import rewrite  # noqa: E402
 
-__all__ = ["ConversionError", "Context", "Options", "Pass", "Pipeline", "Report", "rewrite", "save_model",
-           "__version__"]
+__all__ = [
+    "ConversionError",
+    "Context",
+    "Options",
+    "Pass",
+    "Pipeline",
+    "Report",
+    "rewrite",
+    "save_model",
+    "__version__",
+]

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-_RANGES = {np.dtype(t): (int(np.iinfo(t).min), int(np.iinfo(t).max))
-           for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32)}
+_RANGES = {
+    np.dtype(t): (int(np.iinfo(t).min), int(np.iinfo(t).max))
+    for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32)
+}
 
 
 def dtype_range(dtype) -> tuple[int, int]:
@@ -48,14 +50,21 @@ class Affine:
 
     def same_as(self, other: Affine, rtol: float = 1e-7) -> bool:
         """Same dtype, zero point and (broadcast-equal) scale: a QuantizeLinear between them is a no-op."""
-        return (self.dtype == other.dtype and self.zero_point == other.zero_point
-                and self.scale.shape == other.scale.shape
-                and bool(np.allclose(self.scale, other.scale, rtol=rtol, atol=0)))
+        return (
+            self.dtype == other.dtype
+            and self.zero_point == other.zero_point
+            and self.scale.shape == other.scale.shape
+            and bool(np.allclose(self.scale, other.scale, rtol=rtol, atol=0))
+        )
 
     def scaled(self, k: float) -> Affine:
         """The same integers read as ``k`` times the real value (Mul/Div by a positive constant)."""
         return Affine(self.scale * k, self.zero_point, self.dtype, self.bound)
 
     def describe(self) -> str:
-        s = f"{self.scale.item():.6g}" if self.per_tensor else f"[{self.scale.min():.3g}..{self.scale.max():.3g}]"
+        s = (
+            f"{self.scale.item():.6g}"
+            if self.per_tensor
+            else f"[{self.scale.min():.3g}..{self.scale.max():.3g}]"
+        )
         return f"{self.dtype.name} s={s} zp={self.zero_point}"

@@ -24,34 +24,54 @@ def _resolve_model(path: str) -> str:
 
 def _add_rewrite(sub) -> None:
     p = sub.add_parser(
-        "rewrite", help="convert a fake-quant (QDQ) ONNX model to integer-only ONNX",
+        "rewrite",
+        help="convert a fake-quant (QDQ) ONNX model to integer-only ONNX",
         description="Convert a fake-quant (QuantizeLinear/DequantizeLinear) ONNX vision transformer into an "
-                    "integer-only ONNX graph: scales fold into dyadic multipliers, MatMul/Gemm/Conv become "
-                    "int8xint8->int32, Softmax/GELU/LayerNorm become Shiftmax/ShiftGELU/ILayerNorm of the "
-                    "private opset ai.ivit (with ONNX function bodies, so stock onnxruntime runs the result).")
+        "integer-only ONNX graph: scales fold into dyadic multipliers, MatMul/Gemm/Conv become "
+        "int8xint8->int32, Softmax/GELU/LayerNorm become Shiftmax/ShiftGELU/ILayerNorm of the "
+        "private opset ai.ivit (with ONNX function bodies, so stock onnxruntime runs the result).",
+    )
     p.add_argument("model", help=f"input QDQ .onnx file, or '{BUNDLED}' for the bundled demo model")
     p.add_argument("-o", "--output", required=True, help="output .onnx path (written only on success)")
-    p.add_argument("--allow-float", action="store_true",
-                   help="keep regions without an integer rule as DequantizeLinear -> float -> QuantizeLinear "
-                        "and report them (default: stop with the list of such nodes)")
+    p.add_argument(
+        "--allow-float",
+        action="store_true",
+        help="keep regions without an integer rule as DequantizeLinear -> float -> QuantizeLinear "
+        "and report them (default: stop with the list of such nodes)",
+    )
     p.add_argument("--report", metavar="FILE.json", help="also write the conversion report as JSON")
     p.add_argument("--scales", action="store_true", help="include the per-tensor scale table in the report")
-    p.add_argument("--stop-after", metavar="PASS",
-                   help="stop after the named pass (see 'ivit-onnx passes'); the output is then a debugging "
-                        "snapshot and may not pass the ONNX checker")
-    p.add_argument("--gelu-bits", type=int, default=15, help="fraction bits of ShiftGELU's sigmoid (default 15)")
-    p.add_argument("--min-x0", type=int, default=1024,
-                   help="finest exp grid for Shiftmax/ShiftGELU: inputs whose 1/scale is below this are "
-                        "upscaled exactly first (default 1024)")
+    p.add_argument(
+        "--stop-after",
+        metavar="PASS",
+        help="stop after the named pass (see 'ivit-onnx passes'); the output is then a debugging "
+        "snapshot and may not pass the ONNX checker",
+    )
+    p.add_argument(
+        "--gelu-bits", type=int, default=15, help="fraction bits of ShiftGELU's sigmoid (default 15)"
+    )
+    p.add_argument(
+        "--min-x0",
+        type=int,
+        default=1024,
+        help="finest exp grid for Shiftmax/ShiftGELU: inputs whose 1/scale is below this are "
+        "upscaled exactly first (default 1024)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
 
 def _run_rewrite(args) -> int:
     from .rewrite import rewrite
 
-    _, report = rewrite(_resolve_model(args.model), args.output, allow_float=args.allow_float,
-                        scale_table=args.scales, stop_after=args.stop_after, gelu_bits=args.gelu_bits,
-                        min_x0=args.min_x0)
+    _, report = rewrite(
+        _resolve_model(args.model),
+        args.output,
+        allow_float=args.allow_float,
+        scale_table=args.scales,
+        stop_after=args.stop_after,
+        gelu_bits=args.gelu_bits,
+        min_x0=args.min_x0,
+    )
     if args.report:
         report.to_json(args.report)
     if not args.quiet:
@@ -77,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_rewrite(sub)
     sub.add_parser("passes", help="list the default pipeline's passes in order")
-    sub.add_parser("validate", help="check an integer model (same as python -m ivit_onnx.validate)",
-                   add_help=False)
+    sub.add_parser(
+        "validate", help="check an integer model (same as python -m ivit_onnx.validate)", add_help=False
+    )
     return parser
 
 

@@ -84,18 +84,27 @@ def fold_quantized_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     inits = {t.name: t for t in g.initializer}
     folded: dict[str, np.ndarray] = {}
     for n in g.node:
-        if (n.op_type == "QuantizeLinear" and n.input[0] in inits and all(i in inits for i in n.input[1:] if i)
-                and len(n.input) >= 3 and n.input[2]):
+        if (
+            n.op_type == "QuantizeLinear"
+            and n.input[0] in inits
+            and all(i in inits for i in n.input[1:] if i)
+            and len(n.input) >= 3
+            and n.input[2]
+        ):
             x = numpy_helper.to_array(inits[n.input[0]])
             if x.dtype.kind == "f":
                 a = next((a.i for a in n.attribute if a.name == "axis"), 1)
-                folded[n.output[0]] = _quantize(x, numpy_helper.to_array(inits[n.input[1]]),
-                                                numpy_helper.to_array(inits[n.input[2]]), a)
+                folded[n.output[0]] = _quantize(
+                    x, numpy_helper.to_array(inits[n.input[1]]), numpy_helper.to_array(inits[n.input[2]]), a
+                )
     if not folded:
         return model
     out = onnx.ModelProto()
-    out.ir_version, out.producer_name, out.producer_version = model.ir_version, model.producer_name, \
-        model.producer_version
+    out.ir_version, out.producer_name, out.producer_version = (
+        model.ir_version,
+        model.producer_name,
+        model.producer_version,
+    )
     out.opset_import.extend(model.opset_import)
     out.functions.extend(model.functions)
     out.metadata_props.extend(model.metadata_props)
@@ -116,7 +125,7 @@ MIN_OPSET = 15
 
 
 def ensure_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Models below opset 15 are converted up (the private ops' bodies need CastLike); 13 is the oldest taken."""
+    """Models at opset 13 or 14 are converted up to 15: the private ops' bodies need CastLike."""
     version = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
     if version >= MIN_OPSET or version < 13:
         return model
@@ -125,4 +134,6 @@ def ensure_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         return version_converter.convert_version(model, MIN_OPSET)
     except Exception as e:  # noqa: BLE001 - the converter raises several types; one line for the user
-        raise ConversionError(f"cannot upgrade opset {version} to {MIN_OPSET}: {str(e).splitlines()[0]}") from None
+        raise ConversionError(
+            f"cannot upgrade opset {version} to {MIN_OPSET}: {str(e).splitlines()[0]}"
+        ) from None

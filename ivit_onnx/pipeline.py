@@ -88,7 +88,9 @@ class Report:
             lines.append("converted: " + ", ".join(f"{k} {v}" for k, v in sorted(conv.items())))
         for name in ("fuse_gelu", "fuse_layernorm", "fuse_softmax"):
             if self.counts.get(name):
-                lines.append(f"{name}: " + ", ".join(f"{k} {v}" for k, v in sorted(self.counts[name].items())))
+                lines.append(
+                    f"{name}: " + ", ".join(f"{k} {v}" for k, v in sorted(self.counts[name].items()))
+                )
         n = self.notes
         if "integer_mac_percent" in n:
             lines.append(f"integer MACs: {n['integer_mac_percent']:.2f}% of {n['total_macs']:,}")
@@ -147,9 +149,14 @@ class Pipeline:
         graph = gs.import_onnx(proto)
         _own_values(graph)
         graph.import_domains = [_copy(d) for d in proto.opset_import]  # gs kept the file's own list
-        ctx = Context(graph, opset, options or Options(),
-                      opset_imports={i.domain: i.version for i in proto.opset_import},
-                      functions=[_copy(f) for f in proto.functions], ir_version=proto.ir_version)
+        ctx = Context(
+            graph,
+            opset,
+            options or Options(),
+            opset_imports={i.domain: i.version for i in proto.opset_import},
+            functions=[_copy(f) for f in proto.functions],
+            ir_version=proto.ir_version,
+        )
         del proto, inferred
         ran = []
         for p in self.passes:

@@ -7,8 +7,9 @@ import onnx
 from .pipeline import Options, Pipeline, Report, save_model
 
 
-def rewrite(model, output=None, *, pipeline: Pipeline | None = None, stop_after: str | None = None,
-            **options) -> tuple[onnx.ModelProto, Report]:
+def rewrite(
+    model, output=None, *, pipeline: Pipeline | None = None, stop_after: str | None = None, **options
+) -> tuple[onnx.ModelProto, Report]:
     """Convert a fake-quant model (path or ModelProto) to integer-only ONNX; save it when ``output`` is given.
 
     ``options`` are :class:`Options` fields (``allow_float``, ``scale_table``, ...). Nothing is written

@@ -13,8 +13,24 @@ from .normalize import Normalize
 
 def default_passes():
     """normalize → fuse_gelu → fuse_layernorm → fuse_softmax → lower_integer → attach_functions → finalize."""
-    return [Normalize(), FuseGelu(), FuseLayerNorm(), FuseSoftmax(), LowerInteger(), AttachFunctions(), Finalize()]
+    return [
+        Normalize(),
+        FuseGelu(),
+        FuseLayerNorm(),
+        FuseSoftmax(),
+        LowerInteger(),
+        AttachFunctions(),
+        Finalize(),
+    ]
 
 
-__all__ = ["AttachFunctions", "Finalize", "FuseGelu", "FuseLayerNorm", "FuseSoftmax", "LowerInteger",
-           "Normalize", "default_passes"]
+__all__ = [
+    "AttachFunctions",
+    "Finalize",
+    "FuseGelu",
+    "FuseLayerNorm",
+    "FuseSoftmax",
+    "LowerInteger",
+    "Normalize",
+    "default_passes",
+]

@@ -6,6 +6,7 @@ So the output runs in stock onnxruntime and ``onnx.reference`` with no extra lib
 from __future__ import annotations
 
 from ivit_onnx.opset import DOMAIN, OPS, VERSION
+
 from ivit_onnx.pipeline import Context, Pass
 
 
@@ -16,7 +17,9 @@ class AttachFunctions(Pass):
 
     def run(self, ctx: Context) -> bool:
         used = sorted({n.op for n in ctx.graph.nodes if n.domain == DOMAIN})
-        ctx.functions = [f for f in ctx.functions if f.domain != DOMAIN] + [OPS[op].function(ctx.opset) for op in used]
+        ctx.functions = [f for f in ctx.functions if f.domain != DOMAIN] + [
+            OPS[op].function(ctx.opset) for op in used
+        ]
         if used:
             ctx.opset_imports[DOMAIN] = VERSION
         ctx.count(self.name, "functions", len(used))

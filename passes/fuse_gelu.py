@@ -117,8 +117,11 @@ class FuseGelu(Pass):
                 matches.append(m)
         for x, out, form in matches:
             producer(out).outputs.clear()
-            g.nodes.append(gs.Node("Gelu", name=f"{out.name}_gelu", attrs={"approximate": form},
-                                   inputs=[x], outputs=[out]))
+            g.nodes.append(
+                gs.Node(
+                    "Gelu", name=f"{out.name}_gelu", attrs={"approximate": form}, inputs=[x], outputs=[out]
+                )
+            )
             ctx.count(self.name, f"GELU ({'erf' if form == 'none' else 'tanh'} form)")
         if matches:
             g.cleanup().toposort()

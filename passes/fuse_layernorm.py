@@ -1,4 +1,4 @@
-"""fuse_layernorm: collapse decomposed LayerNorm (ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add) into LayerNormalization.
+"""fuse_layernorm: collapse decomposed LayerNorm (ReduceMean/Sub/Pow/Sqrt/Div/...) into LayerNormalization.
 
 Matched from each Sqrt: ``(x - mean(x)) / sqrt(mean((x - mean(x))**2) + eps) * gamma + beta`` over the
 last axis (``Mul(d, d)`` for the square and ``Mul`` by ``Reciprocal`` for the division also match).
@@ -14,6 +14,7 @@ from ivit_onnx.pipeline import Context, Pass
 
 from ._match import is_last_axis, other_input, reduce_axes, src
 
+
 def _square_of(t: gs.Tensor) -> gs.Tensor | None:
     p = src(t, ("Pow", "Mul"))
     if p is None:
@@ -23,11 +24,16 @@ def _square_of(t: gs.Tensor) -> gs.Tensor | None:
     a, b = through_qdq(p.inputs[0]), through_qdq(p.inputs[1])
     return p.inputs[0] if a is b else None
 
+
 def _match(sqrt: gs.Node):
     add = src(sqrt.inputs[0], "Add")
     if add is None:
         return None
-    eps = scalar_const(add.inputs[1]) if scalar_const(add.inputs[1]) is not None else scalar_const(add.inputs[0])
+    eps = (
+        scalar_const(add.inputs[1])
+        if scalar_const(add.inputs[1]) is not None
+        else scalar_const(add.inputs[0])
+    )
     var_t = add.inputs[0] if scalar_const(add.inputs[1]) is not None else add.inputs[1]
     var = src(var_t, "ReduceMean")
     if eps is None or var is None or not is_last_axis(reduce_axes(var), var.inputs[0]):
@@ -64,6 +70,7 @@ def _match(sqrt: gs.Node):
         out = nxt[0][0].outputs[0]
     return x, out, float(eps), gamma, beta
 
+
 class FuseLayerNorm(Pass):
     name = "fuse_layernorm"
     guarantees = ("layernorm_fused",)
@@ -80,11 +87,19 @@ class FuseLayerNorm(Pass):
             beta = np.zeros(size, np.float32) if beta is None else np.broadcast_to(beta, (size,))
 
             producer(out).outputs.clear()
-            g.nodes.append(gs.Node(
-                "LayerNormalization", name=f"{out.name}_ln", attrs={"axis": -1, "epsilon": eps},
-                inputs=[x, gs.Constant(f"{out.name}_gamma", np.ascontiguousarray(gamma, np.float32)),
-                        gs.Constant(f"{out.name}_beta", np.ascontiguousarray(beta, np.float32))],
-                outputs=[out]))
+            g.nodes.append(
+                gs.Node(
+                    "LayerNormalization",
+                    name=f"{out.name}_ln",
+                    attrs={"axis": -1, "epsilon": eps},
+                    inputs=[
+                        x,
+                        gs.Constant(f"{out.name}_gamma", np.ascontiguousarray(gamma, np.float32)),
+                        gs.Constant(f"{out.name}_beta", np.ascontiguousarray(beta, np.float32)),
+                    ],
+                    outputs=[out],
+                )
+            )
             ctx.count(self.name, "LayerNorm (decomposed)")
         if matches:
             g.cleanup().toposort()

@@ -42,8 +42,9 @@ class FuseSoftmax(Pass):
         matches = [m for n in g.nodes if n.op == "Exp" and (m := _match(n)) is not None]
         for x, out in matches:
             producer(out).outputs.clear()
-            g.nodes.append(gs.Node("Softmax", name=f"{out.name}_softmax", attrs={"axis": -1},
-                                   inputs=[x], outputs=[out]))
+            g.nodes.append(
+                gs.Node("Softmax", name=f"{out.name}_softmax", attrs={"axis": -1}, inputs=[x], outputs=[out])
+            )
             ctx.count(self.name, "Softmax (decomposed)")
         if matches:
             g.cleanup().toposort()

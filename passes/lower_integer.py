@@ -28,8 +28,11 @@ def _macs(node: gs.Node) -> int:
     out = node.outputs[0].shape or []
     w = node.inputs[1].shape or []
     dims = [d if isinstance(d, int) and d > 0 else 1 for d in out]
-    k = w[-2] if node.op == "MatMul" and len(w) >= 2 else (int(np.prod(w[1:])) if node.op == "Conv" else
-                                                           (w[0] if w else 1))
+    k = (
+        w[-2]
+        if node.op == "MatMul" and len(w) >= 2
+        else (int(np.prod(w[1:])) if node.op == "Conv" else (w[0] if w else 1))
+    )
     return int(np.prod(dims)) * int(k if isinstance(k, int) else 1)
 
 
@@ -39,11 +42,19 @@ def _expand_gelu(g: gs.Graph, node: gs.Node) -> None:
     detach(node)
     c = lambda v, n: gs.Constant(f"{out.name}/{n}", np.array(v, np.float32))  # noqa: E731
     if node.attrs.get("approximate", "none") == "tanh":
-        x3 = g.layer(op="Mul", inputs=[x, g.layer(op="Mul", inputs=[x, x], outputs=[f"{out.name}/x2"])[0]],
-                     outputs=[f"{out.name}/x3"])[0]
-        inner = g.layer(op="Add", inputs=[x, g.layer(op="Mul", inputs=[x3, c(0.044715, "k")],
-                                                     outputs=[f"{out.name}/kx3"])[0]], outputs=[f"{out.name}/in"])[0]
-        arg = g.layer(op="Mul", inputs=[inner, c(float(np.sqrt(2 / np.pi)), "s")], outputs=[f"{out.name}/arg"])[0]
+        x3 = g.layer(
+            op="Mul",
+            inputs=[x, g.layer(op="Mul", inputs=[x, x], outputs=[f"{out.name}/x2"])[0]],
+            outputs=[f"{out.name}/x3"],
+        )[0]
+        inner = g.layer(
+            op="Add",
+            inputs=[x, g.layer(op="Mul", inputs=[x3, c(0.044715, "k")], outputs=[f"{out.name}/kx3"])[0]],
+            outputs=[f"{out.name}/in"],
+        )[0]
+        arg = g.layer(
+            op="Mul", inputs=[inner, c(float(np.sqrt(2 / np.pi)), "s")], outputs=[f"{out.name}/arg"]
+        )[0]
         t = g.layer(op="Tanh", inputs=[arg], outputs=[f"{out.name}/t"])[0]
     else:
         arg = g.layer(op="Div", inputs=[x, c(float(np.sqrt(2.0)), "s")], outputs=[f"{out.name}/arg"])[0]
@@ -74,8 +85,9 @@ class LowerInteger(Pass):
             if outcome is Outcome.HANDLED:
                 detach(node)
                 continue
-            if outcome is Outcome.FLOAT and (any(_is_float(t) for t in node.outputs)
-                                             or any(lw.get(t) is not None for t in node.inputs)):
+            if outcome is Outcome.FLOAT and (
+                any(_is_float(t) for t in node.outputs) or any(lw.get(t) is not None for t in node.inputs)
+            ):
                 islands.append(node)
                 if node.op in ("MatMul", "Gemm", "Conv"):
                     float_macs += _macs(node)
@@ -88,16 +100,28 @@ class LowerInteger(Pass):
                 _expand_gelu(g, node)
         if islands and not ctx.options.allow_float:
             names = ", ".join(node_label(n) for n in islands[:8]) + (" ..." if len(islands) > 8 else "")
-            raise ConversionError(f"{len(islands)} node(s) have no integer rule (float islands): {names}; "
-                                  "rerun with --allow-float to keep them as DQ → float → Q")
+            raise ConversionError(
+                f"{len(islands)} node(s) have no integer rule (float islands): {names}; "
+                "rerun with --allow-float to keep them as DQ → float → Q"
+            )
         ctx.notes["float_islands"] = [node_label(n) for n in islands]
         total = ctx.notes.get("integer_macs", 0) + float_macs
         ctx.notes["total_macs"] = total
-        ctx.notes["integer_mac_percent"] = 100.0 * ctx.notes.get("integer_macs", 0) / total if total else 100.0
+        ctx.notes["integer_mac_percent"] = (
+            100.0 * ctx.notes.get("integer_macs", 0) / total if total else 100.0
+        )
         ctx.notes["max_dyadic_rel_error"] = lw.max_dyadic_error
-        table = {it.name: {"dtype": a.dtype.name, "zero_point": a.zero_point, "scale": a.scale.tolist(),
-                           "bound": a.bound, "replaces": name}
-                 for name, (it, a) in sorted(lw.itype.items()) if not isinstance(it, gs.Constant)}
+        table = {
+            it.name: {
+                "dtype": a.dtype.name,
+                "zero_point": a.zero_point,
+                "scale": a.scale.tolist(),
+                "bound": a.bound,
+                "replaces": name,
+            }
+            for name, (it, a) in sorted(lw.itype.items())
+            if not isinstance(it, gs.Constant)
+        }
         ctx.metadata["ivit_onnx.tensor_map"] = json.dumps(table, sort_keys=True)
         if ctx.options.scale_table:
             ctx.notes["scales"] = table

@@ -75,10 +75,14 @@ class Normalize(Pass):
         if scale is None:
             raise ConversionError(f"{where}: scale '{node.inputs[1].name}' is not a constant")
         if not np.all(np.isfinite(scale)):
-            raise ConversionError(f"{where}: scale '{node.inputs[1].name}' is not finite ({scale.ravel()[:4]})")
+            raise ConversionError(
+                f"{where}: scale '{node.inputs[1].name}' is not finite ({scale.ravel()[:4]})"
+            )
         if np.any(scale <= 0):
-            raise ConversionError(f"{where}: scale '{node.inputs[1].name}' must be positive, "
-                                  f"got {scale.ravel()[np.argmin(scale.ravel())]:g}")
+            raise ConversionError(
+                f"{where}: scale '{node.inputs[1].name}' must be positive, "
+                f"got {scale.ravel()[np.argmin(scale.ravel())]:g}"
+            )
         if len(node.inputs) > 2 and node.inputs[2].name and const_array(node.inputs[2]) is None:
             raise ConversionError(f"{where}: zero point '{node.inputs[2].name}' is not a constant")
         if node.op == "QuantizeLinear":
@@ -106,5 +110,3 @@ class Normalize(Pass):
         replace_uses(out, src)
         node.outputs.clear()
         ctx.count(self.name, f"{node.op} removed")
-
-

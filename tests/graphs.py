@@ -45,8 +45,11 @@ class G:
         shape = [1] * w.ndim
         shape[axis] = -1
         q = np.clip(np.rint(w / scale.reshape(shape)), -127, 127).astype(dtype)
-        return self.node("DequantizeLinear", [self.const(q, dtype), self.const(scale),
-                                              self.const(np.zeros_like(scale, dtype=dtype), dtype)], axis=axis)
+        return self.node(
+            "DequantizeLinear",
+            [self.const(q, dtype), self.const(scale), self.const(np.zeros_like(scale, dtype=dtype), dtype)],
+            axis=axis,
+        )
 
     def output(self, name):
         self.outputs.append(name)
@@ -64,7 +67,9 @@ class G:
 def run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     import onnxruntime as ort
 
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:

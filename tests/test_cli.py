@@ -33,8 +33,10 @@ def test_rewrite_writes_model_and_report(fq_path, tmp_path):
     onnx.checker.check_model(onnx.load(out), full_check=True)
 
 
-@pytest.mark.parametrize("content, msg", [(None, "no such file"), (b"\x08\x07garbage", "not an ONNX model"),
-                                          ("truncate", "truncated")])
+@pytest.mark.parametrize(
+    "content, msg",
+    [(None, "no such file"), (b"\x08\x07garbage", "not an ONNX model"), ("truncate", "truncated")],
+)
 def test_bad_files_exit_2_with_one_line(fq_path, tmp_path, content, msg):
     src = tmp_path / "bad.onnx"
     if content == "truncate":
@@ -59,5 +61,13 @@ def test_float_island_exit_2_and_allow_float(tmp_path):
 
 def test_help_documents_every_option():
     r = _cli("rewrite", "--help")
-    for opt in ("--output", "--allow-float", "--report", "--scales", "--stop-after", "--gelu-bits", "--min-x0"):
+    for opt in (
+        "--output",
+        "--allow-float",
+        "--report",
+        "--scales",
+        "--stop-after",
+        "--gelu-bits",
+        "--min-x0",
+    ):
         assert opt in r.stdout

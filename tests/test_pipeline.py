@@ -18,8 +18,15 @@ class CountMatMuls(Pass):
 
 
 def test_default_order():
-    assert Pipeline.default().names == ["normalize", "fuse_gelu", "fuse_layernorm", "fuse_softmax",
-                                        "lower_integer", "attach_functions", "finalize"]
+    assert Pipeline.default().names == [
+        "normalize",
+        "fuse_gelu",
+        "fuse_layernorm",
+        "fuse_softmax",
+        "lower_integer",
+        "attach_functions",
+        "finalize",
+    ]
 
 
 def test_user_pass_runs_where_inserted_and_counts():

@@ -14,9 +14,17 @@ import tempfile
 from pathlib import Path
 
 import tvm
-from tvm import relax, s_tir
+import tvm_ffi
+from tvm import s_tir
 from tvm.s_tir import dlight as dl
-from tvm.s_tir.dlight.gpu.matmul import MatmulInt8Tensorization, get_index_map, get_reduction_blocks
+from tvm.s_tir.dlight.analysis import get_root_block, normalize_prim_func
+from tvm.s_tir.dlight.base import max_threads_per_block
+from tvm.s_tir.dlight.gpu.matmul import (
+    IterKind,
+    MatmulInt8Tensorization,
+    detect_iter_traits,
+    get_reduction_blocks,
+)
 
 #: int8 wmma needs sm_72+; each of M, N, K must fill at least one 16x16x16 tile (the schedule pads to 128/16)
 MIN_SM = 72
@@ -29,12 +37,22 @@ def sm_version(target: tvm.target.Target) -> int:
     return int(digits) if digits.isdigit() else -1
 
 
-def _int8_matmul_block(func: tvm.tirx.PrimFunc):
-    """The single matmul-like reduction block reading two int8 buffers into int32, else None."""
-    sch = s_tir.Schedule(func)
-    blocks = sch.get_child_blocks(sch.get_sblock("root") if False else s_tir.dlight.base.analysis.get_root_block(sch)
-                                  ) if hasattr(s_tir.dlight.base, "analysis") else None
-    return sch, blocks
+def _int8_gemm_large_enough(block) -> bool:
+    """An int8 x int8 -> int32 GEMM block whose fused I, J and K extents are static and >= MIN_EXTENT."""
+    if len(block.reads) != 2 or [str(r.source.dtype) for r in block.reads] != ["int8", "int8"]:
+        return False
+    if str(block.writes[0].source.dtype) != "int32":
+        return False
+    traits = detect_iter_traits(block)
+    if traits is None:
+        return False
+    extents = {IterKind.kIter_I: 1, IterKind.kIter_J: 1, IterKind.kIter_K: 1}
+    for trait in traits[3]:
+        if trait.kind in extents:
+            if not isinstance(trait.extent, tvm.tirx.IntImm):
+                return False
+            extents[trait.kind] *= trait.extent.value
+    return min(extents.values()) >= MIN_EXTENT
 
 
 class Int8TensorCoreMatmul(dl.ScheduleRule):
@@ -44,15 +62,8 @@ class Int8TensorCoreMatmul(dl.ScheduleRule):
         if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "cuda" or sm_version(target) < MIN_SM:
             return None
         sch = s_tir.Schedule(func)
-        reductions = get_reduction_blocks(sch, sch.get_child_blocks(sch.get_sblock_root()))
-        if not reductions:
-            return None
-        block = sch.get(reductions[0])
-        if get_index_map(block) is None or len(block.reads) < 2:
-            return None
-        if [str(r.buffer.dtype) for r in block.reads[:2]] != ["int8", "int8"] or str(block.writes[0].buffer.dtype) != "int32":
-            return None
-        if any(isinstance(v.dom.extent, tvm.tirx.IntImm) and v.dom.extent.value < MIN_EXTENT for v in block.iter_vars):
+        reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+        if not reductions or not _int8_gemm_large_enough(sch.get(reductions[0])):
             return None
         try:
             sch = MatmulInt8Tensorization().apply(func, target, tunable)
@@ -60,7 +71,7 @@ class Int8TensorCoreMatmul(dl.ScheduleRule):
             return None
         if sch is None:
             return None
-        for blk in sch.get_child_blocks(sch.get_sblock_root()):
+        for blk in sch.get_child_blocks(get_root_block(sch)):
             for loop in sch.get_loops(blk):
                 for key in _PIPELINE_KEYS:
                     if key in sch.get(loop).annotations:
@@ -71,10 +82,67 @@ class Int8TensorCoreMatmul(dl.ScheduleRule):
         return target.kind.name == "cuda"
 
 
+def _load_counts(sch: s_tir.Schedule, blocks) -> dict:
+    """How many BufferLoads of each buffer the given blocks' bodies hold."""
+    counts: dict = {}
+
+    def visit(load):
+        counts[load.source.data] = counts.get(load.source.data, 0) + 1
+
+    for block in blocks:
+        tvm_ffi.structural_walk(sch.get(block).body, [(tvm.ir.TensorLoad, visit)])
+    return counts
+
+
+class RegisterChain(dl.ScheduleRule):
+    """Elementwise fused functions: inline single-use stages, keep multi-use ones per thread in registers.
+
+    dlight's Fallback inlines every stage; a stage read twice is then computed twice, and the function
+    bodies' chains (floor division reads its dividend twice, ShiftExp reads ``p`` three times, ...) blow up
+    exponentially: ShiftGELU did not finish compiling in 10 minutes. Here such stages are computed once per
+    output element, at the thread loop, into ``local`` buffers.
+    """
+
+    def apply(self, func, target, tunable):
+        if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "cuda":
+            return None
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None or len(infos) < 2 or not all(i.is_injective() for i in infos):
+            return None
+        root = get_root_block(sch)
+        outputs = sch.get_output_blocks(root)
+        if len(outputs) != 1:
+            return None
+        out = outputs[0]
+        stages = [i.block_rv for i in infos if not sch.get(i.block_rv).same_as(sch.get(out))]
+        uses = _load_counts(sch, [i.block_rv for i in infos])
+        kept = []
+        for block in reversed(stages):
+            written = sch.get(block).writes
+            if len(written) == 1 and uses.get(written[0].source.data, 0) == 1:
+                try:
+                    sch.compute_inline(block)
+                    continue
+                except Exception:  # noqa: BLE001 - not inlinable: keep it in registers
+                    pass
+            kept.append(block)
+        bx, tx = sch.split(sch.fuse(*sch.get_loops(out)), factors=[None, max_threads_per_block(target)])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        for block in kept:  # consumers first, so every consumer is already under the thread loop
+            sch.compute_at(block, tx, preserve_unit_loops=True)
+            sch.set_scope(block, 0, "local")
+        return sch
+
+    def is_target_available(self, target) -> bool:
+        return target.kind.name == "cuda"
+
+
 def gpu_schedules() -> tvm.transform.Pass:
-    """dlight's default GPU rules with the int8 tensor-core matmul tried first."""
-    return dl.ApplyDefaultSchedule(Int8TensorCoreMatmul(), dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                   dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+    """dlight's default GPU rules after the int8 tensor-core matmul and the register-chain rule."""
+    return dl.ApplyDefaultSchedule(Int8TensorCoreMatmul(), RegisterChain(), dl.gpu.Matmul(), dl.gpu.GEMV(),
+                                   dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
 
 
 def cuda_sources(executable) -> list[str]:
@@ -115,4 +183,4 @@ def int8_instructions(ptx: str) -> dict[str, int]:
     return counts
 
 
-__all__ = ["Int8TensorCoreMatmul", "cuda_sources", "gpu_schedules", "int8_instructions", "relax", "to_ptx"]
+__all__ = ["Int8TensorCoreMatmul", "cuda_sources", "gpu_schedules", "int8_instructions", "sm_version", "to_ptx"]

@@ -23,8 +23,12 @@ def iadd(lw: Lowerer, a_in, b_in, t: Affine | None, out_tensor: gs.Tensor, hint:
     (ia, a), (ib, b) = a_in, b_in
     if t is None:  # no QuantizeLinear after it: an int32 sum at the finest scale
         s = float(min(a.scale.min(), b.scale.min()))
-        t = Affine(np.float64(s), 0, np.int32,
-                   bound=min(int(a.bound * a.scale.max() / s + b.bound * b.scale.max() / s) + 2, 2**31 - 1))
+        t = Affine(
+            np.float64(s),
+            0,
+            np.int32,
+            bound=min(int(a.bound * a.scale.max() / s + b.bound * b.scale.max() / s) + 2, 2**31 - 1),
+        )
     ra, rb = a.scale / t.scale, b.scale / t.scale
     c = min(_shift_for(ra, a.bound), _shift_for(rb, b.bound))
     if c < 0:
@@ -34,10 +38,24 @@ def iadd(lw: Lowerer, a_in, b_in, t: Affine | None, out_tensor: gs.Tensor, hint:
     for m, r in ((ma, ra), (mb, rb)):
         lw.max_dyadic_error = max(lw.max_dyadic_error, float(np.max(np.abs(np.ldexp(m, -c) - r) / r)))
     lo, hi = dtype_range(t.dtype)
-    out = lw.private("IAdd", [ia, ib, lw.zp(a.zero_point, a.dtype, "a_zp"), lw.zp(b.zero_point, b.dtype, "b_zp"),
-                              lw.const(ma, "a_mult"), lw.const(mb, "b_mult"), lw.const(np.int64(c), "shift"),
-                              lw.zp(t.zero_point, t.dtype, "y_zp")],
-                     t.dtype, hint, shape=out_tensor.shape, qmin=lo, qmax=hi)
+    out = lw.private(
+        "IAdd",
+        [
+            ia,
+            ib,
+            lw.zp(a.zero_point, a.dtype, "a_zp"),
+            lw.zp(b.zero_point, b.dtype, "b_zp"),
+            lw.const(ma, "a_mult"),
+            lw.const(mb, "b_mult"),
+            lw.const(np.int64(c), "shift"),
+            lw.zp(t.zero_point, t.dtype, "y_zp"),
+        ],
+        t.dtype,
+        hint,
+        shape=out_tensor.shape,
+        qmin=lo,
+        qmax=hi,
+    )
     lw.set(out_tensor, out, t)
 
 

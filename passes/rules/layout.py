@@ -10,8 +10,21 @@ from ivit_onnx.affine import Affine, dtype_range
 from .lowerer import Lowerer, Outcome
 
 #: ops whose first input is the data and whose outputs are rearranged/selected elements of it
-PASS_THROUGH = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "Split",
-                "Expand", "Tile", "Identity", "Dropout", "MaxPool")
+PASS_THROUGH = (
+    "Reshape",
+    "Transpose",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Slice",
+    "Gather",
+    "Split",
+    "Expand",
+    "Tile",
+    "Identity",
+    "Dropout",
+    "MaxPool",
+)
 
 
 def _transpose(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
@@ -25,7 +38,9 @@ def _transpose(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
     if isinstance(it, gs.Constant):
         out = lw.const(np.ascontiguousarray(np.asarray(it.values).transpose(perm)), "transposed")
     else:
-        out = lw.node("Transpose", [it], a.dtype, "transpose", attrs={"perm": perm}, shape=node.outputs[0].shape)
+        out = lw.node(
+            "Transpose", [it], a.dtype, "transpose", attrs={"perm": perm}, shape=node.outputs[0].shape
+        )
     lw.set(node.outputs[0], out, t)
     return Outcome.HANDLED
 
@@ -38,8 +53,14 @@ def pass_through(lw: Lowerer, node: gs.Node) -> Outcome:
         return _transpose(lw, node, *got)
     it, a = lw.per_tensor(*got)
     rest = list(node.inputs[1:]) if node.op not in ("Dropout",) else []
-    outs = lw.node(node.op, [it, *rest], a.dtype, node.op.lower(), attrs=node.attrs,
-                   n_out=len(node.outputs) if node.op != "Dropout" else 1)
+    outs = lw.node(
+        node.op,
+        [it, *rest],
+        a.dtype,
+        node.op.lower(),
+        attrs=node.attrs,
+        n_out=len(node.outputs) if node.op != "Dropout" else 1,
+    )
     outs = outs if isinstance(outs, list) else [outs]
     for orig, new in zip(node.outputs, outs, strict=False):
         new.shape = orig.shape
@@ -54,7 +75,9 @@ def concat(lw: Lowerer, node: gs.Node) -> Outcome:
     t = lw.target(node.outputs[0])
     if t is None:  # the widest input type, at the finest scale that still holds every input's range
         types = [lw.per_tensor(*o)[1] for o in ops if o is not None]
-        dt = max((np.dtype(np.int16) if a.dtype == np.uint8 else a.dtype for a in types), key=lambda d: d.itemsize)
+        dt = max(
+            (np.dtype(np.int16) if a.dtype == np.uint8 else a.dtype for a in types), key=lambda d: d.itemsize
+        )
         reach = max(float(a.scale) * a.bound for a in types)
         t = Affine(np.float64(max(min(float(a.scale) for a in types), reach / dtype_range(dt)[1])), 0, dt)
     ints = []

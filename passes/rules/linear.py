@@ -79,7 +79,9 @@ def add_bias(lw: Lowerer, it: gs.Tensor, a: Affine, bias: np.ndarray, hint: str)
     q = q.astype(np.int32)
     out = lw.node("Add", [it, lw.const(q, "bias")], np.int32, hint, shape=it.shape)
     lw.ctx.count("lower_integer", "bias Add (int32)")
-    return out, Affine(a.scale, 0, np.int32, bound=min(a.bound + int(np.max(np.abs(q), initial=0)), _INT32_MAX))
+    return out, Affine(
+        a.scale, 0, np.int32, bound=min(a.bound + int(np.max(np.abs(q), initial=0)), _INT32_MAX)
+    )
 
 
 def gemm(lw: Lowerer, node: gs.Node) -> Outcome:
@@ -103,7 +105,9 @@ def gemm(lw: Lowerer, node: gs.Node) -> Outcome:
         if bias is None:
             return Outcome.FLOAT
         out, t = add_bias(lw, out, t, bias * float(node.attrs.get("beta", 1.0)), "gemm_bias")
-    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + _macs(node.outputs[0].shape, w.shape[0])
+    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + _macs(
+        node.outputs[0].shape, w.shape[0]
+    )
     lw.set(node.outputs[0], out, t)
     return Outcome.HANDLED
 
@@ -120,14 +124,23 @@ def conv(lw: Lowerer, node: gs.Node) -> Outcome:
     wv = const_array(iw)
     zps = []
     if x.zero_point or w.zero_point:
-        zps = [lw.zp(x.zero_point, x.dtype, "x_zp")] + ([lw.zp(w.zero_point, w.dtype, "w_zp")] if w.zero_point else [])
-    attrs = {k: v for k, v in node.attrs.items() if k in ("dilations", "group", "kernel_shape", "pads", "strides",
-                                                           "auto_pad")}
+        zps = [lw.zp(x.zero_point, x.dtype, "x_zp")] + (
+            [lw.zp(w.zero_point, w.dtype, "w_zp")] if w.zero_point else []
+        )
+    attrs = {
+        k: v
+        for k, v in node.attrs.items()
+        if k in ("dilations", "group", "kernel_shape", "pads", "strides", "auto_pad")
+    }
     out = lw.node("ConvInteger", [ix, iw, *zps], np.int32, "conv", attrs=attrs, shape=node.outputs[0].shape)
     lw.ctx.count("lower_integer", "ConvInteger")
     k = int(np.prod(wv.shape[1:]))
     nd = wv.ndim - 2
-    scale = np.asarray(x.scale * w.scale.reshape(-1)).reshape([-1] + [1] * nd) if w.scale.size > 1 else x.scale * w.scale
+    scale = (
+        np.asarray(x.scale * w.scale.reshape(-1)).reshape([-1] + [1] * nd)
+        if w.scale.size > 1
+        else x.scale * w.scale
+    )
     t = Affine(scale, 0, np.int32, bound=min(k * x.bound * w.bound, _INT32_MAX))
     if len(node.inputs) > 2 and node.inputs[2].name:
         bias = lw.const_float(node.inputs[2])

@@ -11,12 +11,12 @@ import enum
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from ivit_onnx.opset import DOMAIN, OPS
 
 from ivit_onnx.affine import Affine, dtype_range
 from ivit_onnx.dyadic import DyadicError, dyadic_array, multiplier_bits, relative_error
 from ivit_onnx.errors import ConversionError
 from ivit_onnx.graph import const_array, dequantized_const, node_label
-from ivit_onnx.opset import DOMAIN, OPS
 from ivit_onnx.pipeline import Context
 
 
@@ -84,7 +84,9 @@ class Lowerer:
         m = float(np.max(np.abs(v))) if v.size else 0.0
         scale = m / qmax if m > 0 else 1.0
         q = np.clip(np.rint(v / scale), -qmax, qmax).astype(dtype)
-        return self.const(q, hint + "_q"), Affine(np.float64(scale), 0, dtype, bound=int(np.max(np.abs(q), initial=0)))
+        return self.const(q, hint + "_q"), Affine(
+            np.float64(scale), 0, dtype, bound=int(np.max(np.abs(q), initial=0))
+        )
 
     def target(self, t: gs.Tensor) -> Affine | None:
         """The common type of ``t``'s QuantizeLinear consumers, when every consumer is one."""
@@ -102,20 +104,30 @@ class Lowerer:
         zp = const_array(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2].name else None
         dtype = zp.dtype if zp is not None else np.dtype(np.uint8)
         if zp is not None and zp.size > 1:
-            raise ConversionError(f"{node_label(q)}: per-channel zero points on activations are not supported")
+            raise ConversionError(
+                f"{node_label(q)}: per-channel zero points on activations are not supported"
+            )
         rank = len(data.shape) if data.shape is not None else 1
-        return Affine(broadcast_scale(scale, q.attrs.get("axis", 1), rank),
-                      int(zp.reshape(-1)[0]) if zp is not None else 0, dtype)
+        return Affine(
+            broadcast_scale(scale, q.attrs.get("axis", 1), rank),
+            int(zp.reshape(-1)[0]) if zp is not None else 0,
+            dtype,
+        )
 
     # ---- emitting -----------------------------------------------------------------------------------
     def const(self, value, hint: str) -> gs.Constant:
         return gs.Constant(self.fresh(hint), np.ascontiguousarray(value))
 
-    def node(self, op: str, inputs: list, dtype, hint: str, attrs=None, domain=None, n_out: int = 1,
-             shape=None):
+    def node(
+        self, op: str, inputs: list, dtype, hint: str, attrs=None, domain=None, n_out: int = 1, shape=None
+    ):
         """Append a node; returns its output variable (or list of them when ``n_out > 1``)."""
-        outs = [gs.Variable(self.fresh(f"{hint}_out" if n_out == 1 else f"{hint}_out{i}"), dtype=dtype,
-                            shape=shape) for i in range(n_out)]
+        outs = [
+            gs.Variable(
+                self.fresh(f"{hint}_out" if n_out == 1 else f"{hint}_out{i}"), dtype=dtype, shape=shape
+            )
+            for i in range(n_out)
+        ]
         node = gs.Node(op, name=self.fresh(hint), attrs=dict(attrs or {}), inputs=list(inputs), outputs=outs)
         if domain:
             node.domain = domain
@@ -128,8 +140,15 @@ class Lowerer:
         in_types = [t.values.dtype if isinstance(t, gs.Constant) else t.dtype for t in inputs]
         spec.check([np.dtype(d) for d in in_types], attrs, where=self.node_hint)
         self.ctx.count("lower_integer", op)
-        return self.node(op, inputs, out_dtype, hint, attrs={k: int(v) for k, v in attrs.items()},
-                         domain=DOMAIN, shape=shape)
+        return self.node(
+            op,
+            inputs,
+            out_dtype,
+            hint,
+            attrs={k: int(v) for k, v in attrs.items()},
+            domain=DOMAIN,
+            shape=shape,
+        )
 
     def zp(self, value: int, dtype, hint: str) -> gs.Constant:
         return self.const(np.array(value, dtype=dtype), hint)
@@ -137,13 +156,16 @@ class Lowerer:
     def dyadic(self, m: np.ndarray, bits: int, what: str, allow_negative=False):
         """Dyadic pair(s) for ``m`` with the error tracked for the report; errors name the node."""
         try:
-            b, c = dyadic_array(np.asarray(m), bits, what=f"{self.node_hint}: {what}",
-                                allow_negative=allow_negative)
+            b, c = dyadic_array(
+                np.asarray(m), bits, what=f"{self.node_hint}: {what}", allow_negative=allow_negative
+            )
         except DyadicError as e:
             raise ConversionError(str(e)) from None
         nz = np.asarray(m) != 0
         if np.any(nz):
-            self.max_dyadic_error = max(self.max_dyadic_error, relative_error(np.asarray(m)[nz], b[nz], c[nz]))
+            self.max_dyadic_error = max(
+                self.max_dyadic_error, relative_error(np.asarray(m)[nz], b[nz], c[nz])
+            )
         return b, c
 
     def requantize(self, it: gs.Tensor, a: Affine, t: Affine, hint: str = "requant") -> gs.Tensor:
@@ -154,17 +176,30 @@ class Lowerer:
         b, c = self.dyadic(ratio, multiplier_bits(a.bound), "requantize multiplier")
         qmin, qmax = t.qrange
         shape = it.shape if isinstance(it, gs.Variable) else None
-        return self.private("Requantize", [it, self.zp(a.zero_point, a.dtype, "x_zp"), self.const(b, "mult"),
-                                           self.const(c, "shift"), self.zp(t.zero_point, t.dtype, "y_zp")],
-                            t.dtype, hint, shape=shape, qmin=qmin, qmax=qmax)
+        return self.private(
+            "Requantize",
+            [
+                it,
+                self.zp(a.zero_point, a.dtype, "x_zp"),
+                self.const(b, "mult"),
+                self.const(c, "shift"),
+                self.zp(t.zero_point, t.dtype, "y_zp"),
+            ],
+            t.dtype,
+            hint,
+            shape=shape,
+            qmin=qmin,
+            qmax=qmax,
+        )
 
     def per_tensor(self, it: gs.Tensor, a: Affine) -> tuple[gs.Tensor, Affine]:
         """Per-channel (accumulator) types become per-tensor int32 at the finest channel scale."""
         if a.per_tensor:
             return it, a
         s = float(a.scale.min())
-        t = Affine(np.float64(s), 0, np.int32,
-                   bound=min(int(a.bound * float(a.scale.max()) / s) + 1, 2**31 - 1))
+        t = Affine(
+            np.float64(s), 0, np.int32, bound=min(int(a.bound * float(a.scale.max()) / s) + 1, 2**31 - 1)
+        )
         return self.requantize(it, a, t, "per_tensor"), t
 
     def symmetric(self, it: gs.Tensor, a: Affine) -> tuple[gs.Tensor, Affine]:
@@ -176,8 +211,14 @@ class Lowerer:
         one = self.const(np.ones(a.scale.shape, np.int64), "one")
         zero = self.const(np.zeros(a.scale.shape, np.int64), "zero")
         lo, hi = dtype_range(dt)
-        out = self.private("Requantize", [it, self.zp(a.zero_point, a.dtype, "x_zp"), one, zero,
-                                          self.zp(0, dt, "y_zp")], dt, "center", qmin=lo, qmax=hi)
+        out = self.private(
+            "Requantize",
+            [it, self.zp(a.zero_point, a.dtype, "x_zp"), one, zero, self.zp(0, dt, "y_zp")],
+            dt,
+            "center",
+            qmin=lo,
+            qmax=hi,
+        )
         return out, t
 
     def materialize(self, t: gs.Tensor, out: gs.Tensor | None = None) -> gs.Tensor:
@@ -193,8 +234,18 @@ class Lowerer:
             scale = scale.reshape(-1)
         attrs = {"axis": axis} if axis is not None else {}
         zp = np.full(scale.shape if axis is not None else (), a.zero_point, dtype=a.dtype)
-        self.g.nodes.append(gs.Node("DequantizeLinear", name=self.fresh("dequant"), attrs=attrs, inputs=[
-            it, self.const(scale.astype(np.float32).reshape(zp.shape), "scale"), self.const(zp, "zp")],
-            outputs=[out]))
+        self.g.nodes.append(
+            gs.Node(
+                "DequantizeLinear",
+                name=self.fresh("dequant"),
+                attrs=attrs,
+                inputs=[
+                    it,
+                    self.const(scale.astype(np.float32).reshape(zp.shape), "scale"),
+                    self.const(zp, "zp"),
+                ],
+                outputs=[out],
+            )
+        )
         self.floats[t.name] = out
         return out

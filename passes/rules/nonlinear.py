@@ -11,10 +11,10 @@ import math
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from ivit_onnx.opset.shift_exp import max_n
 
 from ivit_onnx.affine import Affine, dtype_range
 from ivit_onnx.dyadic import multiplier_bits
-from ivit_onnx.opset.shift_exp import max_n
 
 from .lowerer import Lowerer, Outcome
 
@@ -37,7 +37,7 @@ def _is_last_axis(node: gs.Node, axis_default: int) -> bool:
 
 
 def _fine_grid(lw: Lowerer, it, a: Affine, x0_real: float):
-    """Upscale the integers exactly (``q * m``) until ``1/scale`` is at least ``min_x0``: returns it, a, x0."""
+    """Upscale the integers exactly (``q * m``) until ``1/scale`` reaches ``min_x0``; returns it, a, x0."""
     m = max(1, math.ceil(lw.opt.min_x0 / x0_real))
     if m > 1:
         t = Affine(a.scale / m, 0, np.int32, bound=min(a.bound * m, 2**31 - 1))
@@ -45,10 +45,20 @@ def _fine_grid(lw: Lowerer, it, a: Affine, x0_real: float):
             m = max(1, (2**31 - 1) // max(a.bound, 1))
             t = Affine(a.scale / m, 0, np.int32, bound=a.bound * m)
         if m > 1:
-            it = lw.private("Requantize", [it, lw.zp(a.zero_point, a.dtype, "x_zp"),
-                                           lw.const(np.int64(m), "mult"), lw.const(np.int64(0), "shift"),
-                                           lw.zp(0, np.int32, "y_zp")], np.int32, "upscale", qmin=-(2**31),
-                            qmax=2**31 - 1)
+            it = lw.private(
+                "Requantize",
+                [
+                    it,
+                    lw.zp(a.zero_point, a.dtype, "x_zp"),
+                    lw.const(np.int64(m), "mult"),
+                    lw.const(np.int64(0), "shift"),
+                    lw.zp(0, np.int32, "y_zp"),
+                ],
+                np.int32,
+                "upscale",
+                qmin=-(2**31),
+                qmax=2**31 - 1,
+            )
             a = t
     return it, a, x0_real * m
 
@@ -67,14 +77,26 @@ def softmax(lw: Lowerer, node: gs.Node) -> Outcome:
     if t is not None and t.per_tensor:
         k = -math.log2(float(t.scale))
         lo, hi = t.qrange
-        if abs(k - round(k)) < 1e-9 and 1 <= round(k) <= 30 and t.zero_point >= lo and \
-                t.zero_point + 2 ** round(k) - 1 <= hi:
+        if (
+            abs(k - round(k)) < 1e-9
+            and 1 <= round(k) <= 30
+            and t.zero_point >= lo
+            and t.zero_point + 2 ** round(k) - 1 <= hi
+        ):
             bits = round(k)
     if bits is None:
         bits = _SOFTMAX_DEFAULT_BITS
         t = Affine(np.float64(2.0**-bits), 0, np.int32, bound=2**bits)
-    out = lw.private("Shiftmax", [it, lw.zp(t.zero_point, t.dtype, "y_zp")], t.dtype, "shiftmax",
-                     shape=node.outputs[0].shape, x0=x0, n=n, bits=bits)
+    out = lw.private(
+        "Shiftmax",
+        [it, lw.zp(t.zero_point, t.dtype, "y_zp")],
+        t.dtype,
+        "shiftmax",
+        shape=node.outputs[0].shape,
+        x0=x0,
+        n=n,
+        bits=bits,
+    )
     lw.set(node.outputs[0], out, t)
     return Outcome.HANDLED
 
@@ -92,8 +114,18 @@ def gelu(lw: Lowerer, node: gs.Node) -> Outcome:
     t = lw.target(node.outputs[0]) or Affine(a.scale, 0, np.int32, bound=a.bound)
     b, c = lw.dyadic(float(a.scale) * 2.0**-bits / t.scale, multiplier_bits(a.bound << bits), "GELU rescale")
     lo, hi = t.qrange
-    out = lw.private("ShiftGELU", [it, lw.const(b, "mult"), lw.const(c, "shift"), lw.zp(t.zero_point, t.dtype, "y_zp")],
-                     t.dtype, "shiftgelu", shape=node.outputs[0].shape, x0=x0, n=n, bits=bits, qmin=lo, qmax=hi)
+    out = lw.private(
+        "ShiftGELU",
+        [it, lw.const(b, "mult"), lw.const(c, "shift"), lw.zp(t.zero_point, t.dtype, "y_zp")],
+        t.dtype,
+        "shiftgelu",
+        shape=node.outputs[0].shape,
+        x0=x0,
+        n=n,
+        bits=bits,
+        qmin=lo,
+        qmax=hi,
+    )
     lw.set(node.outputs[0], out, t)
     return Outcome.HANDLED
 
@@ -127,16 +159,31 @@ def layernorm(lw: Lowerer, node: gs.Node) -> Outcome:
     # leaves room for both, so 2**p |b| + |bias| + 2**(c-1) < 2**63
     with np.errstate(divide="ignore"):
         ratio = np.where(mult != 0, np.abs(shifted_beta) / np.abs(mult), np.inf)
-    bits = np.array([61 - ((1 << p) + math.ceil(r) + 1).bit_length() + 1 if np.isfinite(r) else 0
-                     for r in ratio])
+    bits = np.array(
+        [61 - ((1 << p) + math.ceil(r) + 1).bit_length() + 1 if np.isfinite(r) else 0 for r in ratio]
+    )
     bits = np.minimum(bits, 31)
     for w in np.unique(bits[bits >= 8]):  # channels with |gamma| negligible next to beta keep b = 0
         sel = bits == w
         b[sel], c[sel] = lw.dyadic(mult[sel], int(w), "LayerNorm gamma multiplier", allow_negative=True)
     bias = np.rint(np.ldexp(shifted_beta, c)).astype(np.int64)
     lo, hi = dtype_range(t.dtype)
-    out = lw.private("ILayerNorm", [it, lw.const(b, "mult"), lw.const(c, "shift"), lw.const(bias, "bias"),
-                                    lw.zp(t.zero_point, t.dtype, "y_zp")],
-                     t.dtype, "ilayernorm", shape=node.outputs[0].shape, shift_in=shift_in, p=p, qmin=lo, qmax=hi)
+    out = lw.private(
+        "ILayerNorm",
+        [
+            it,
+            lw.const(b, "mult"),
+            lw.const(c, "shift"),
+            lw.const(bias, "bias"),
+            lw.zp(t.zero_point, t.dtype, "y_zp"),
+        ],
+        t.dtype,
+        "ilayernorm",
+        shape=node.outputs[0].shape,
+        shift_in=shift_in,
+        p=p,
+        qmin=lo,
+        qmax=hi,
+    )
     lw.set(node.outputs[0], out, t)
     return Outcome.HANDLED

@@ -30,7 +30,9 @@ def _rebuild_torch(fp32: onnx.ModelProto):
         add = next(n for n in fp32.graph.node if n.op_type in ("Add", "Gemm") and bias in n.input)
         if add.op_type == "Gemm":
             w = inits[add.input[1]]
-            state[name] = torch.from_numpy((w if any(a.name == "transB" and a.i for a in add.attribute) else w.T).copy())
+            state[name] = torch.from_numpy(
+                (w if any(a.name == "transB" and a.i for a in add.attribute) else w.T).copy()
+            )
             continue
         mm = producer[next(i for i in add.input if i != bias)]
         state[name] = torch.from_numpy(inits[mm.input[1]].T.copy())
@@ -70,9 +72,17 @@ def distilled_copy(model):
     the averaged logits equal the original model's (a real-data test of the distilled graph)."""
     from ivit_onnx.models.vit import vit
 
-    cfg = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=model.cls_token.shape[-1],
-               depth=len(model.blocks), num_heads=model.blocks[0].attn.num_heads,
-               mlp_ratio=model.blocks[0].mlp.fc1.out_features / model.cls_token.shape[-1], distilled=True)
+    cfg = dict(
+        img_size=8,
+        patch_size=2,
+        in_chans=1,
+        num_classes=10,
+        embed_dim=model.cls_token.shape[-1],
+        depth=len(model.blocks),
+        num_heads=model.blocks[0].attn.num_heads,
+        mlp_ratio=model.blocks[0].mlp.fc1.out_features / model.cls_token.shape[-1],
+        distilled=True,
+    )
     twin = vit(**cfg)
     state = copy.deepcopy(model.state_dict())
     state["dist_token"] = state["cls_token"].clone()

@@ -16,7 +16,7 @@ X = RNG.standard_normal((2, 6, 16)).astype(np.float32)
 
 
 def _attention_like():
-    """QDQ input → MatMul (per-channel int8 weight) + bias → Q/DQ → scale Mul → Softmax → Q/DQ (uint8 1/256)."""
+    """QDQ input → MatMul (per-channel weight) + bias → Q/DQ → scale Mul → Softmax → Q/DQ (uint8 1/256)."""
     g = G()
     x = g.qdq(g.input("x", [2, 6, 16]), 0.03)
     w = RNG.standard_normal((16, 12)).astype(np.float32) * 0.3
@@ -34,7 +34,9 @@ def test_linear_and_softmax_lower_to_integer_ops():
     assert "MatMul" not in counts and "Softmax" not in counts and "Mul" not in counts
     assert float_offenders(out) == []
     # per node: the matmul is int8 x int8 -> int32
-    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(out).graph.value_info}
+    types = {
+        v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(out).graph.value_info
+    }
     mm = next(n for n in out.graph.node if n.op_type == "MatMulInteger")
     assert types[mm.output[0]] == TensorProto.INT32
     a, b = run(fq, {"x": X})[0], run(out, {"x": X})[0]
@@ -58,12 +60,23 @@ def test_gemm_conv_layernorm_gelu_chain():
     g = G(opset=20)
     x = g.qdq(g.input("img", [2, 3, 8, 8]), 0.02)
     w = RNG.standard_normal((16, 3, 4, 4)).astype(np.float32) * 0.2
-    y = g.node("Conv", [x, g.weight(w, axis=0), g.const(RNG.standard_normal(16) * 0.1)], kernel_shape=[4, 4],
-               strides=[4, 4])
+    y = g.node(
+        "Conv",
+        [x, g.weight(w, axis=0), g.const(RNG.standard_normal(16) * 0.1)],
+        kernel_shape=[4, 4],
+        strides=[4, 4],
+    )
     y = g.qdq(y, 0.05)
     y = g.node("Transpose", [g.node("Reshape", [y, g.const([2, 16, 4], np.int64)])], perm=[0, 2, 1])
-    y = g.qdq(g.node("LayerNormalization", [y, g.const(np.linspace(0.5, 1.5, 16)), g.const(np.full(16, 0.1))],
-                     axis=-1, epsilon=1e-6), 0.03)
+    y = g.qdq(
+        g.node(
+            "LayerNormalization",
+            [y, g.const(np.linspace(0.5, 1.5, 16)), g.const(np.full(16, 0.1))],
+            axis=-1,
+            epsilon=1e-6,
+        ),
+        0.03,
+    )
     y = g.qdq(g.node("Gelu", [y]), 0.02)
     y = g.node("Reshape", [y, g.const([2, 64], np.int64)])
     wg = RNG.standard_normal((10, 64)).astype(np.float32) * 0.1
@@ -114,8 +127,15 @@ def test_float_island_allowed_is_reported_and_runs():
     np.testing.assert_allclose(run(out, {"x": X})[0], run(fq, {"x": X})[0], atol=1e-6)
 
 
-@pytest.mark.parametrize("scale, msg", [(0.0, "must be positive"), (-0.1, "must be positive"),
-                                        (float("nan"), "not finite"), (float("inf"), "not finite")])
+@pytest.mark.parametrize(
+    "scale, msg",
+    [
+        (0.0, "must be positive"),
+        (-0.1, "must be positive"),
+        (float("nan"), "not finite"),
+        (float("inf"), "not finite"),
+    ],
+)
 def test_bad_scales_are_one_line_errors_naming_the_node(scale, msg):
     g = G()
     g.output(g.qdq(g.input("x", [2, 6, 16]), scale))
