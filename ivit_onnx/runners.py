@@ -1,0 +1,149 @@
+"""Backends behind one interface: run a model on feeds, optionally exposing intermediate tensors.
+
+* ``library``   -- onnxruntime with the custom-op library (the numpy reference kernels of the private ops);
+* ``functions`` -- stock onnxruntime running the private ops' ONNX function bodies;
+* ``reference`` -- ``onnx.reference`` with the private ops bound to the numpy reference kernels;
+* ``onnxruntime`` -- plain onnxruntime, for the fake-quant and FP32 reference models.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+from onnx import helper
+
+INT_BACKENDS = ("library", "functions", "reference")
+
+
+def node_outputs(model: onnx.ModelProto) -> list[str]:
+    """Every main-graph node output, in the graph's (topological) order."""
+    return [o for n in model.graph.node for o in n.output if o]
+
+
+def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {o: n for n in model.graph.node for o in n.output if o}
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs that are not initializers (what a caller has to feed)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph outputs are its own followed by ``names`` (node outputs only)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    have = {o.name for o in out.graph.output}
+    made = set(node_outputs(out))
+    for n in names:
+        if n not in have and n in made:
+            out.graph.output.append(helper.make_empty_tensor_value_info(n))
+            have.add(n)
+    return out
+
+
+class Runner:
+    """One backend for one model: ``run(feeds)`` gives the graph outputs, ``run_with`` intermediates too."""
+
+    name = "runner"
+
+    def __init__(self, model: onnx.ModelProto, threads: int | None = None):
+        self.model = model
+        self.threads = threads
+        self.output_names = [o.name for o in model.graph.output]
+        self.input_names = [i.name for i in graph_inputs(model)]
+        self.seconds = 0.0  # time spent in run()
+        self.samples = 0
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        t = time.perf_counter()
+        out = self._run(feeds, [])
+        self.seconds += time.perf_counter() - t
+        self.samples += len(next(iter(feeds.values()))) if feeds else 0
+        return out
+
+    def run_with(self, feeds: dict[str, np.ndarray], tensors: list[str]) -> dict[str, np.ndarray]:
+        """Graph outputs plus the requested tensors (those that exist: node outputs and graph inputs)."""
+        out = self._run(feeds, list(tensors))
+        out.update({k: v for k, v in feeds.items() if k in tensors})
+        return out
+
+    def _run(self, feeds, extra: list[str]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+
+class OrtRunner(Runner):
+    """onnxruntime on the CPU; ``backend`` is ``library``, ``functions`` or ``onnxruntime`` (plain)."""
+
+    def __init__(self, model: onnx.ModelProto, backend: str = "onnxruntime", threads: int | None = None):
+        super().__init__(model, threads)
+        if backend not in ("library", "functions", "onnxruntime"):
+            raise ValueError(f"unknown onnxruntime backend {backend!r}")
+        self.name = backend
+        self._sessions: dict[tuple, object] = {}
+
+    def _session(self, extra: tuple[str, ...]):
+        if extra not in self._sessions:
+            import onnxruntime as ort
+
+            from ivit_onnx.opset.ort_library import library_model
+
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 3
+            if self.threads:
+                opts.intra_op_num_threads = self.threads
+                opts.inter_op_num_threads = 1
+            model = self.model
+            if self.name == "library":
+                from onnxruntime_extensions import get_library_path
+
+                model = library_model(model)  # registers the kernels: before loading the library
+                opts.register_custom_ops_library(get_library_path())
+            if extra:
+                model = with_outputs(model, list(extra))
+            self._sessions[extra] = ort.InferenceSession(model.SerializeToString(), opts,
+                                                         providers=["CPUExecutionProvider"])
+        return self._sessions[extra]
+
+    def prepare(self) -> None:
+        """Build the main session now (so that its cost is not timed as inference)."""
+        self._session(())
+
+    def _run(self, feeds, extra):
+        made = set(node_outputs(self.model))
+        extra = tuple(t for t in extra if t in made and t not in self.output_names)
+        sess = self._session(extra)
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+class ReferenceRunner(Runner):
+    """``onnx.reference`` with the private ops on their numpy reference kernels (slow; exact)."""
+
+    name = "reference"
+
+    def __init__(self, model: onnx.ModelProto, threads: int | None = None):
+        super().__init__(model, threads)
+        from ivit_onnx.opset.reference import evaluator
+
+        self._eval = evaluator(model)
+
+    def prepare(self) -> None:
+        pass
+
+    def _run(self, feeds, extra):
+        if not extra:
+            return dict(zip(self.output_names, self._eval.run(None, feeds), strict=True))
+        every = self._eval.run(None, feeds, intermediate=True)
+        want = set(self.output_names) | set(extra)
+        return {k: np.asarray(v) for k, v in every.items() if k in want}
+
+
+def make_runner(backend: str, model: onnx.ModelProto, threads: int | None = None) -> Runner:
+    """The runner for ``backend``: one of :data:`INT_BACKENDS` or ``onnxruntime``."""
+    if backend == "reference":
+        return ReferenceRunner(model, threads)
+    return OrtRunner(model, backend, threads)
