@@ -1,8 +1,9 @@
 """A small builder for the ops' ONNX function bodies, in standard integer ops only.
 
 It encodes the engine rules of FACTS.md once: no signed BitShift (powers of two come from a uint64
-shift), no integer Pow, floor division of signed values as ``(a - Mod(a, d)) / d`` (Div truncates),
-and ReduceMax/ReduceSum axes in the form the model's opset version expects.
+shift), no integer Pow, floor division of signed values as a biased uint64 shift (by powers of two) or
+``(a - Mod(a, d)) / d`` (Div truncates), and ReduceMax/ReduceSum axes in the form the model's opset
+version expects.
 
 onnxruntime 1.31's int64 Max, Min, Clip, ReduceMax and ReduceMin are wrong on this AVX-512 CPU for
 values with ``2**31 <= |v| < 2**32`` in tensors of more than one element (e.g. ``Clip(-2687724265,
