@@ -41,6 +41,7 @@ print(json.dumps({"seconds": dt, "peak_above_imports_mb": peak - base}))
 
 def _export(name: str, path: Path) -> None:
     import torch
+
     from ivit_onnx.models import vit
     from ivit_onnx.models.export import export_onnx
     from ivit_onnx.models.quant import quantize

@@ -65,7 +65,7 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _quantize(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int) -> np.ndarray:
+def quantize(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int) -> np.ndarray:
     """QuantizeLinear's semantics in numpy: round half to even, saturate to the zero point's type."""
     if scale.size > 1:
         shape = [1] * x.ndim
@@ -94,7 +94,7 @@ def fold_quantized_weights(model: onnx.ModelProto) -> onnx.ModelProto:
             x = numpy_helper.to_array(inits[n.input[0]])
             if x.dtype.kind == "f":
                 a = next((a.i for a in n.attribute if a.name == "axis"), 1)
-                folded[n.output[0]] = _quantize(
+                folded[n.output[0]] = quantize(
                     x, numpy_helper.to_array(inits[n.input[1]]), numpy_helper.to_array(inits[n.input[2]]), a
                 )
     if not folded:

@@ -6,7 +6,6 @@ So the output runs in stock onnxruntime and ``onnx.reference`` with no extra lib
 from __future__ import annotations
 
 from ivit_onnx.opset import DOMAIN, OPS, VERSION
-
 from ivit_onnx.pipeline import Context, Pass
 
 

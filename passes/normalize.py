@@ -11,20 +11,10 @@ import onnx_graphsurgeon as gs
 
 from ivit_onnx.errors import ConversionError
 from ivit_onnx.graph import const_array, node_label, replace_uses
+from ivit_onnx.io import quantize
 from ivit_onnx.pipeline import Context, Pass
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
-
-
-def quantize_array(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int) -> np.ndarray:
-    """QuantizeLinear's semantics in numpy: round half to even, saturate to the zero point's type."""
-    if scale.size > 1:
-        shape = [1] * x.ndim
-        shape[axis] = scale.size
-        scale, zp = scale.reshape(shape), zp.reshape(shape)
-    info = np.iinfo(zp.dtype)
-    q = np.rint(x.astype(np.float64) / scale) + zp.astype(np.float64)
-    return np.clip(q, info.min, info.max).astype(zp.dtype)
 
 
 class Normalize(Pass):
@@ -96,7 +86,7 @@ class Normalize(Pass):
         scale = const_array(node.inputs[1])
         zp = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else None
         zp = np.zeros((), np.uint8) if zp is None else zp
-        q = quantize_array(x, scale, zp, node.attrs.get("axis", 1))
+        q = quantize(x, scale, zp, node.attrs.get("axis", 1))
         out = node.outputs[0]
         const = gs.Constant(out.name + "_q", q)
         replace_uses(out, const)

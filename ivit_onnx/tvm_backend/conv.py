@@ -60,7 +60,7 @@ def _is_patch_conv(attrs: dict, w: np.ndarray | None, x_shape: list | None) -> b
 
 
 def _patch_matmul(e: _Emitter, node: onnx.NodeProto, w: np.ndarray, x_shape: list) -> None:
-    """``[N,C,H,W] -> [N, Ho*Wo, C*kh*kw] @ [C*kh*kw, O] -> [N,O,Ho,Wo]``; weights re-laid-out at rewrite time."""
+    """``[N,C,H,W] -> [N, Ho*Wo, C*kh*kw] @ [C*kh*kw, O] -> [N,O,Ho,Wo]``; weights re-laid-out here."""
     o, c, kh, kw = w.shape
     ho, wo = x_shape[2] // kh, x_shape[3] // kw
     x = node.input[0]
@@ -79,7 +79,7 @@ def _patch_matmul(e: _Emitter, node: onnx.NodeProto, w: np.ndarray, x_shape: lis
 
 
 def _int32_conv(e: _Emitter, node: onnx.NodeProto, attrs: dict) -> None:
-    """``Conv(int32(x) - x_zp, int32(w) - w_zp)`` with the original attributes (zero padding == padding by zp)."""
+    """``Conv(int32(x) - x_zp, int32(w) - w_zp)``, original attributes (zero padding == padding by zp)."""
     i32 = TensorProto.INT32
     inputs = list(node.input) + [""] * (4 - len(node.input))
     x = e.op("Cast", [inputs[0]], to=i32)
@@ -87,7 +87,8 @@ def _int32_conv(e: _Emitter, node: onnx.NodeProto, attrs: dict) -> None:
         x = e.op("Sub", [x, e.op("Cast", [inputs[2]], to=i32)])
     w = e.op("Cast", [inputs[1]], to=i32)
     if inputs[3]:  # scalar, or [O] per output channel: broadcast over [O, C, kh, kw]
-        zp = e.op("Reshape", [e.op("Cast", [inputs[3]], to=i32), e.const(np.array([-1, 1, 1, 1], np.int64), "shape")])
+        per_channel = e.const(np.array([-1, 1, 1, 1], np.int64), "shape")
+        zp = e.op("Reshape", [e.op("Cast", [inputs[3]], to=i32), per_channel])
         w = e.op("Sub", [w, zp])
     e.op("Conv", [x, w], out=node.output[0], **attrs)
 

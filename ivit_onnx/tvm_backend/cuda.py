@@ -1,4 +1,4 @@
-"""CUDA specifics: an int8 tensor-core matmul schedule that builds in TVM 0.27, and access to the generated code.
+"""CUDA: an int8 tensor-core matmul schedule that builds in TVM 0.27, and access to the generated code.
 
 dlight's ``MatmulInt8Tensorization`` (wmma m16n16k16 s8*s8->s32) fails in ``InjectSoftwarePipeline``
 ("fragment_info_" check) on TVM 0.27; the same schedule without its software-pipeline annotations builds
@@ -59,7 +59,9 @@ class Int8TensorCoreMatmul(dl.ScheduleRule):
     """dlight's int8 wmma matmul without software pipelining, for int8 x int8 -> int32 matmuls on sm_72+."""
 
     def apply(self, func, target, tunable):
-        if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "cuda" or sm_version(target) < MIN_SM:
+        if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "cuda":
+            return None
+        if sm_version(target) < MIN_SM:
             return None
         sch = s_tir.Schedule(func)
         reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
@@ -183,4 +185,5 @@ def int8_instructions(ptx: str) -> dict[str, int]:
     return counts
 
 
-__all__ = ["Int8TensorCoreMatmul", "cuda_sources", "gpu_schedules", "int8_instructions", "sm_version", "to_ptx"]
+__all__ = ["Int8TensorCoreMatmul", "RegisterChain", "cuda_sources", "gpu_schedules", "int8_instructions",
+           "sm_version", "to_ptx"]

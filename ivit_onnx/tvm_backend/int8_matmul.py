@@ -1,10 +1,11 @@
-"""Keep MatMulInteger's operands 8-bit in Relax, so backends can use int8 dot products (VNNI, dp4a, tensor cores).
+"""Keep MatMulInteger's operands 8-bit in Relax, so backends can use int8 dot products (tensor cores).
 
-TVM's frontend imports ``MatMulInteger(a, b, za, zb)`` as ``matmul(astype(a, int32) - za, astype(b, int32) - zb)``:
-int8 weights become int32 constants and every schedule multiplies int32. This pass rewrites that pattern into
-``matmul(a8, b8, out_dtype=int32)`` on int8 operands (uint8 is shifted by -128 into int8, the zero point with it)
-plus the zero-point corrections ``- za*colsum(b8) - zb*rowsum(a8) + K*za*zb`` where a zero point is not known to
-be 0. The identity holds modulo 2**32, so the result is bit-identical to the int32 matmul.
+TVM's frontend imports ``MatMulInteger(a, b, za, zb)`` as
+``matmul(astype(a, int32) - za, astype(b, int32) - zb)``: int8 weights become int32 constants and every
+schedule multiplies int32. This pass rewrites that pattern into ``matmul(a8, b8, out_dtype=int32)`` on
+int8 operands (uint8 is shifted by -128 into int8, its zero point with it) plus the zero-point
+corrections ``- za*colsum(b8) - zb*rowsum(a8) + K*za*zb`` where a zero point is not known to be 0.
+The identity holds modulo 2**32, so the result is bit-identical to the int32 matmul.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class _Int8MatmulRewriter(PyExprMutator):
         return None
 
     def _operand(self, expr, zp_last_axis: int):
-        """``(x8, zp)`` for ``astype(x, int32) [- zp]`` with 8-bit ``x``, zp as an int32 expr/array/None; else None."""
+        """``(x, zp)`` for ``astype(x, int32) [- zp]`` with 8-bit ``x`` (zp: int32 expr, array or None)."""
         zp = None
         value = self._bound(expr)
         if _is_call(value, "relax.subtract"):
@@ -83,7 +84,8 @@ class _Int8MatmulRewriter(PyExprMutator):
             x8 = relax.const((const.astype(np.int16) - 128).astype(np.int8))
         else:
             wide = self.builder_.emit(relax.op.astype(x, "int32"))
-            x8 = self.builder_.emit(relax.op.astype(relax.op.subtract(wide, relax.const(128, "int32")), "int8"))
+            shifted = relax.op.subtract(wide, relax.const(128, "int32"))
+            x8 = self.builder_.emit(relax.op.astype(shifted, "int8"))
         if zp is None:
             zp = np.int32(0)
         if isinstance(zp, np.ndarray) or np.isscalar(zp):
@@ -117,7 +119,8 @@ class _Int8MatmulRewriter(PyExprMutator):
             out = emit(relax.op.subtract(out, relax.op.multiply(zb, rowsum)))
         if za is not None and zb is not None:
             k = int(a8.ty.shape[-1])
-            out = emit(relax.op.add(out, relax.op.multiply(relax.const(k, "int32"), relax.op.multiply(za, zb))))
+            kzz = relax.op.multiply(relax.const(k, "int32"), relax.op.multiply(za, zb))
+            out = emit(relax.op.add(out, kzz))
         self.count += 1
         return out
 

@@ -1,4 +1,4 @@
-"""Turn an integer model into a plain default-domain ONNX graph that TVM's relax ONNX frontend imports correctly."""
+"""Turn an integer model into a plain default-domain ONNX graph that TVM's ONNX frontend imports exactly."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ _CONSTANT_ATTRS = {
 
 
 def _constant_values_as_tensors(graph: onnx.GraphProto) -> int:
-    """Rewrite ``Constant(value_int[s]/value_float[s]=...)`` to ``value=`` tensors (TVM accepts only those)."""
+    """Rewrite ``Constant(value_int[s]/value_float[s])`` to ``value=`` tensors (TVM accepts only those)."""
     count = 0
     for node in graph.node:
         for attr in node.attribute:
@@ -53,7 +53,7 @@ def foreign_nodes(graph: onnx.GraphProto) -> list[str]:
 
 
 def prepare_for_tvm(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with the private ops inlined from fresh bodies, in the forms TVM imports bit-exactly.
+    """A copy of ``model`` with the private ops inlined from fresh bodies, in forms TVM imports bit-exactly.
 
     The result is meant for TVM only: general ConvInteger becomes an int32 ``Conv``, which onnxruntime
     does not run. Raises ``ValueError`` if a node outside the default domain survives inlining.

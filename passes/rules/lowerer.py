@@ -11,12 +11,12 @@ import enum
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from ivit_onnx.opset import DOMAIN, OPS
 
 from ivit_onnx.affine import Affine, dtype_range
 from ivit_onnx.dyadic import DyadicError, dyadic_array, multiplier_bits, relative_error
 from ivit_onnx.errors import ConversionError
 from ivit_onnx.graph import const_array, dequantized_const, node_label
+from ivit_onnx.opset import DOMAIN, OPS
 from ivit_onnx.pipeline import Context
 
 

@@ -11,10 +11,10 @@ import math
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from ivit_onnx.opset.shift_exp import max_n
 
 from ivit_onnx.affine import Affine, dtype_range
 from ivit_onnx.dyadic import multiplier_bits
+from ivit_onnx.opset.shift_exp import max_n
 
 from .lowerer import Lowerer, Outcome
 
