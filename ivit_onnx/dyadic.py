@@ -22,7 +22,7 @@ class DyadicError(ValueError):
 
 
 def multiplier_bits(max_abs_input: int, accumulator_bits: int = 62) -> int:
-    """Widest ``|b|`` (bits) such that ``|x| <= max_abs_input`` times ``b`` stays below ``2**accumulator_bits``."""
+    """Bits of the widest ``b`` with ``max_abs_input * |b| < 2**accumulator_bits``."""
     if max_abs_input < 0:
         raise DyadicError(f"input bound must be non-negative, got {max_abs_input}")
     in_bits = int(max_abs_input).bit_length()
