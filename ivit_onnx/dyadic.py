@@ -21,7 +21,7 @@ class DyadicError(ValueError):
     """A scale or multiplier that has no valid dyadic form (zero, negative, NaN, inf, out of range)."""
 
 
-def multiplier_bits(max_abs_input: int, accumulator_bits: int = 62) -> int:
+def multiplier_bits(max_abs_input: int, accumulator_bits: int = 61) -> int:
     """Bits of the widest ``b`` with ``max_abs_input * |b| < 2**accumulator_bits``."""
     if max_abs_input < 0:
         raise DyadicError(f"input bound must be non-negative, got {max_abs_input}")

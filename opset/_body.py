@@ -75,18 +75,17 @@ class Body:
         return self.op("Div", self.op("Sub", a, self.op("Mod", a, d)), d)
 
     def floor_shift(self, t: str, c: str) -> str:
-        """``floor(t / 2**c)`` for any int64 ``t`` and int64 ``0 <= c <= 63``, without a division.
+        """``floor(t / 2**c)`` for int64 ``-2**62 <= t < 2**62`` and ``0 <= c <= 62``, without a division.
 
-        In uint64 (wrap-around is defined there, unlike signed overflow): ``u = t + 2**63`` maps int64
-        onto ``[0, 2**64)`` preserving order, ``u >> c = floor(t / 2**c) + 2**(63-c)``, and subtracting
-        ``2**(63-c)`` then reading the bits back as int64 gives the floor. Several times faster than
-        ``(t - Mod(t, d)) / d`` in onnxruntime, whose int64 Mod and Div do not vectorize.
+        ``t + 2**62`` is non-negative and fits int64, so its uint64 right shift is a floor; subtracting
+        ``2**(62-c)`` removes the bias. Several times faster than ``(t - Mod(t, d)) / d`` in onnxruntime
+        (int64 Mod and Div do not vectorize), and it keeps every constant below ``2**63`` (TVM mishandles
+        larger uint64 constants).
         """
         u64 = TensorProto.UINT64
-        cu = self.op("Cast", c, to=u64)
-        top = self.const(1 << 63, np.uint64)
-        biased = self.op("BitShift", self.op("Add", self.op("Cast", t, to=u64), top), cu, direction="RIGHT")
-        return self.i64(self.op("Sub", biased, self.op("BitShift", top, cu, direction="RIGHT")))
+        biased = self.op("Cast", self.op("Add", t, self.const(1 << 62)), to=u64)
+        shifted = self.i64(self.op("BitShift", biased, self.op("Cast", c, to=u64), direction="RIGHT"))
+        return self.op("Sub", shifted, self.pow2(self.op("Sub", self.const(62), c)))
 
     def shift_nonneg(self, t: str, c: str) -> str:
         """``floor(t / 2**c)`` for int64 ``t >= 0``: a plain uint64 right shift."""

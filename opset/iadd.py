@@ -3,7 +3,7 @@
 ``y = clip(floor(((a-za)*ma + (b-zb)*mb + floor(2**c/2)) / 2**c) + zy, qmin, qmax)`` in int64, with
 ``ma/2**c ~ s_a/s_y`` and ``mb/2**c ~ s_b/s_y`` sharing one shift ``c``; ``a`` and ``b`` broadcast
 (numpy rules). A single rounding, so it is exact where float ``round(a*s_a/s_y + b*s_b/s_y)`` is,
-up to the dyadic error. Precondition: ``|a-za|*|ma| + |b-zb|*|mb| + 2**(c-1) < 2**63``.
+up to the dyadic error. Precondition: ``|a-za|*|ma| + |b-zb|*|mb| + 2**(c-1) < 2**62``.
 """
 
 from __future__ import annotations

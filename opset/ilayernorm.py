@@ -10,7 +10,7 @@ For integer ``x`` (rows of ``C``)::
 
 The converter folds ``b/2**c ~ sqrt(C)*gamma/(2**p * s_y)`` (per channel, signed) and
 ``bias ~ beta/s_y * 2**c``. Preconditions: ``C * max|d|**2 < 2**62`` (choose ``shift_in``),
-``2**p * |b| + |bias| + 2**(c-1) < 2**63``, ``0 <= p <= 61``
+``2**p * |b| + |bias| + 2**(c-1) < 2**62``, ``0 <= p <= 61``
 (``|d| <= r`` so ``|d * floor(2**61/r)| <= 2**61``).
 """
 

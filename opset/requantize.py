@@ -2,7 +2,7 @@
 
 ``y = clip(floor(((x - zx) * b + floor(2**c/2)) / 2**c) + zy, qmin, qmax)``, computed in int64,
 round half up. ``b`` and ``c`` broadcast against ``x`` (per tensor, or per channel shaped for the
-axis). Precondition: ``|x - zx| * |b| + 2**(c-1) < 2**63`` and ``0 <= c <= 62``
+axis). Precondition: ``|x - zx| * |b| + 2**(c-1) < 2**62`` and ``0 <= c <= 62``
 (:func:`ivit_onnx.dyadic.multiplier_bits` picks ``b``'s width from the input bound).
 """
 

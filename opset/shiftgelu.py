@@ -12,7 +12,7 @@ so ``b/2**c ~ s * 2**-bits / s_y`` is the output rescale. ``m`` is per element, 
 Alg. 2 (identical in exact arithmetic): one of ``e1``, ``e2`` is always ``x0 * 2**n``, so the sigmoid
 keeps its precision where the released row max pushes every other element of a row with a large
 maximum into the exp clamp (there ``GELU(2)`` comes out near ``1``), and rows of only negative
-values need no fix. Preconditions: ``2 * x0 * 2**n < 2**62``, ``|x| * 2**bits * |b| + 2**(c-1) < 2**63``.
+values need no fix. Preconditions: ``2 * x0 * 2**n < 2**62``, ``|x| * 2**bits * |b| + 2**(c-1) < 2**62``.
 """
 
 from __future__ import annotations

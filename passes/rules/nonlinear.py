@@ -156,11 +156,11 @@ def layernorm(lw: Lowerer, node: gs.Node) -> Outcome:
     b = np.zeros(c_len, np.int64)
     c = np.zeros(c_len, np.int64)
     # |u| <= 2**p, and the bias is |beta/s_y / m| times the multiplier: each channel's multiplier width
-    # leaves room for both, so 2**p |b| + |bias| + 2**(c-1) < 2**63
+    # leaves room for both, so 2**p |b| + |bias| + 2**(c-1) < 2**62
     with np.errstate(divide="ignore"):
         ratio = np.where(mult != 0, np.abs(shifted_beta) / np.abs(mult), np.inf)
     bits = np.array(
-        [61 - ((1 << p) + math.ceil(r) + 1).bit_length() + 1 if np.isfinite(r) else 0 for r in ratio]
+        [61 - ((1 << p) + math.ceil(r) + 1).bit_length() if np.isfinite(r) else 0 for r in ratio]
     )
     bits = np.minimum(bits, 31)
     for w in np.unique(bits[bits >= 8]):  # channels with |gamma| negligible next to beta keep b = 0

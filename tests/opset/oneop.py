@@ -35,7 +35,7 @@ from ivit_onnx.dyadic import dyadic, dyadic_array, multiplier_bits
 
 OPSETS = (17, 18)
 INT_DTYPES = (np.int8, np.uint8, np.int16, np.int32)
-I63 = 1 << 63
+I62 = 1 << 62  # the rescale preconditions: |t| < 2**62 (the bodies' biased shift)
 
 
 def info(dtype) -> tuple[int, int]:
@@ -130,7 +130,7 @@ def requantize_params(s_x: float, s_y: float, max_abs: int, axis_scales=None):
         b, c = np.int64(b), np.int64(c)
     else:
         b, c = dyadic_array(np.asarray(axis_scales, dtype=np.float64) / s_y, bits)
-    assert np.all(max_abs * np.abs(b) + (np.int64(1) << c) // 2 < I63)
+    assert np.all(max_abs * np.abs(b) + (np.int64(1) << c) // 2 < I62)
     return b, c
 
 
@@ -146,7 +146,7 @@ def iadd_params(s_a, s_b, s_y: float, max_a: int, max_b: int):
     _, c = dyadic(float(max(m_a.max(), m_b.max())), bits)
     ma = np.round(np.ldexp(m_a, c)).astype(np.int64)
     mb = np.round(np.ldexp(m_b, c)).astype(np.int64)
-    assert np.all(max_a * np.abs(ma) + max_b * np.abs(mb) + (1 << c) // 2 < I63)
+    assert np.all(max_a * np.abs(ma) + max_b * np.abs(mb) + (1 << c) // 2 < I62)
     return ma, mb, np.int64(c)
 
 
@@ -180,6 +180,7 @@ def shiftgelu_params(s_x: float, s_y: float, max_abs: int, bits: int, qmin: int,
     x0 = max(1, round(1.0 / (1.702 * s_x)))
     n = max_n(x0, 1)
     assert 2 * x0 * 2**n < 2**62
+    bits = min(bits, 61 - 8 - int(max_abs).bit_length())  # leave the output rescale at least 8 bits
     bound = max_abs << bits
     mbits = multiplier_bits(bound)
     if per_channel is None:
@@ -187,7 +188,7 @@ def shiftgelu_params(s_x: float, s_y: float, max_abs: int, bits: int, qmin: int,
         b, c = np.int64(b), np.int64(c)
     else:
         b, c = dyadic_array(s_x * 2.0**-bits / (s_y * np.asarray(per_channel, dtype=np.float64)), mbits)
-    assert np.all(bound * np.abs(b) + (np.int64(1) << c) // 2 < I63)
+    assert np.all(bound * np.abs(b) + (np.int64(1) << c) // 2 < I62)
     attrs = {"x0": x0, "n": n, "bits": bits, "qmin": qmin, "qmax": qmax}
     return attrs, b, c
 
