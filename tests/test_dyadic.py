@@ -21,7 +21,6 @@ from ivit_onnx.dyadic import (
 )
 
 
-
 def log_uniform(n: int, lo: float, hi: float, seed: int = 0) -> np.ndarray:
     return np.exp(np.random.default_rng(seed).uniform(math.log(lo), math.log(hi), n))
 

@@ -8,6 +8,7 @@ import sys
 
 import onnx
 import pytest
+
 from ivit_onnx.models import default_fp32_path, default_info_path, default_model_path, load_default_info
 
 

@@ -22,16 +22,16 @@ import math
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from ivit_onnx.dyadic import dyadic, dyadic_array, multiplier_bits
 from ivit_onnx.opset import OpSpec
 from ivit_onnx.opset._body import Body
 from ivit_onnx.opset.functions import attach_functions
 from ivit_onnx.opset.ort_library import session
 from ivit_onnx.opset.reference import evaluator as reference_evaluator
 from ivit_onnx.opset.shift_exp import max_n
-from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
-
-from ivit_onnx.dyadic import dyadic, dyadic_array, multiplier_bits
 
 OPSETS = (17, 18)
 INT_DTYPES = (np.int8, np.uint8, np.int16, np.int32)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from ivit_onnx.opset import OPS
 from scipy.special import erf
 
+from ivit_onnx.opset import OPS
 from tests.opset import released_ivit as released
 from tests.opset.oneop import fine_grid, ilayernorm_params, info, shiftgelu_params, shiftmax_params
 

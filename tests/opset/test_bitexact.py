@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from ivit_onnx.opset import OPS
 from ivit_onnx.opset.shift_exp import max_n
-
 from tests.opset.oneop import (
     INT_DTYPES,
     OPSETS,

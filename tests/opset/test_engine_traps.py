@@ -14,10 +14,10 @@ import math
 
 import numpy as np
 import pytest
+
 from ivit_onnx.opset import OPS
 from ivit_onnx.opset.ilayernorm import isqrt
 from ivit_onnx.opset.shift_exp import shift_exp
-
 from tests.opset.oneop import OPSETS, check_all_ways, iadd_params, requantize_params, run_body
 
 LEADING = [(), (2,), (8,), (3, 5)]

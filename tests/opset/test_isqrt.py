@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ivit_onnx.opset.ilayernorm import _isqrt_body, isqrt
 
+from ivit_onnx.opset.ilayernorm import _isqrt_body, isqrt
 from tests.opset.oneop import run_body
 
 TOP = 2**62 - 1

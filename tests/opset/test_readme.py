@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from ivit_onnx.opset import DOMAIN, OPS, VERSION
 
 README = Path(__file__).resolve().parents[2] / "opset" / "README.md"
