@@ -80,6 +80,70 @@ def _run_rewrite(args) -> int:
     return 0
 
 
+def _add_tvm(sub) -> None:
+    p = sub.add_parser("compile", help="compile an integer model with TVM (needs pip install -e .[tvm])",
+                       description="Inline the private ops' bodies, import with TVM's relax ONNX frontend, build "
+                                   "with tvm.compile and export a loadable library (.so) plus a .json sidecar.")
+    p.add_argument("model", help="integer-only .onnx (from 'ivit-onnx rewrite')")
+    p.add_argument("-o", "--output", required=True, help="output library path (.so); the sidecar is .json")
+    p.add_argument("--target", choices=["llvm", "cuda"], default="llvm", help="TVM target (default llvm)")
+    p.add_argument("--arch", help="GPU architecture for cuda, e.g. sm_80, sm_90")
+    p.add_argument("--tune", type=int, default=0, metavar="N", help="meta-schedule trials (default 0: none)")
+    p.add_argument("--tune-db", metavar="DIR", help="persistent meta-schedule database directory")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="fixed input shape (repeatable); default: the model's, dynamic dims as 1")
+    r = sub.add_parser("run", help="run a compiled library on an .npz of inputs (or random inputs)")
+    r.add_argument("library", help="the .so written by 'ivit-onnx compile'")
+    r.add_argument("--data", metavar="NPZ", help="inputs by name (default: random, seed 0)")
+    r.add_argument("--out", metavar="NPZ", help="write the outputs here")
+
+
+def _parse_shapes(items: list[str]) -> dict | None:
+    shapes = {}
+    for item in items:
+        name, _, dims = item.partition("=")
+        if not dims:
+            raise ConversionError(f"--shape {item!r}: expected NAME=D0,D1,...")
+        shapes[name] = [int(d) for d in dims.split(",")]
+    return shapes or None
+
+
+def _run_compile(args) -> int:
+    try:
+        from .tvm_backend import compile_model
+    except ImportError as e:
+        raise ConversionError(f"TVM is not installed ({e.name}): pip install -e '.[tvm]'") from None
+    from .io import load_model
+
+    art = compile_model(load_model(args.model), target=args.target, arch=args.arch, out=args.output,
+                        tune_trials=args.tune, tune_db=args.tune_db, shape=_parse_shapes(args.shape))
+    print(f"wrote {args.output} (target {art.target.get('kind')}, int8 matmuls {art.info.get('int8_matmuls')})")
+    return 0
+
+
+def _run_run(args) -> int:
+    import numpy as np
+
+    try:
+        from .tvm_backend import load, run
+    except ImportError as e:
+        raise ConversionError(f"TVM is not installed ({e.name}): pip install -e '.[tvm]'") from None
+    art = load(args.library)
+    if args.data:
+        with np.load(args.data) as d:
+            feeds = {k: d[k] for k in d.files}
+    else:
+        rng = np.random.default_rng(0)
+        feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in art.inputs}
+    outs = run(art, feeds)
+    outs = outs if isinstance(outs, list | tuple) else [outs]
+    for spec, o in zip(art.outputs, outs, strict=False):
+        print(f"{spec['name']}: {o.dtype}{list(o.shape)} mean {float(np.mean(o)):.6g}")
+    if args.out:
+        np.savez(args.out, **{spec["name"]: o for spec, o in zip(art.outputs, outs, strict=False)})
+    return 0
+
+
 def _run_passes(_args) -> int:
     from .pipeline import Pipeline
 
@@ -96,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ivit-onnx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_rewrite(sub)
+    _add_tvm(sub)
     sub.add_parser("passes", help="list the default pipeline's passes in order")
     sub.add_parser(
         "validate", help="check an integer model (same as python -m ivit_onnx.validate)", add_help=False
@@ -111,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         return validate_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        return {"rewrite": _run_rewrite, "passes": _run_passes}[args.command](args)
+        commands = {"rewrite": _run_rewrite, "passes": _run_passes, "compile": _run_compile, "run": _run_run}
+        return commands[args.command](args)
     except ConversionError as e:
         print(f"ivit-onnx: error: {e}", file=sys.stderr)
         return 2

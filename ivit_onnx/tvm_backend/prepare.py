@@ -10,6 +10,7 @@ from onnx import helper, numpy_helper
 from ..opset import DOMAIN
 from ..opset.functions import attach_functions, used_ops
 from .conv import rewrite_conv_integer
+from .wrap import rewrite_biased_shifts, unsigned_arithmetic
 
 #: domains TVM's frontend knows; it ignores the domain of every other node and maps it by op_type
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -55,8 +56,10 @@ def foreign_nodes(graph: onnx.GraphProto) -> list[str]:
 def prepare_for_tvm(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with the private ops inlined from fresh bodies, in forms TVM imports bit-exactly.
 
-    The result is meant for TVM only: general ConvInteger becomes an int32 ``Conv``, which onnxruntime
-    does not run. Raises ``ValueError`` if a node outside the default domain survives inlining.
+    The result is meant for TVM only: the bodies' biased uint64 floor shifts become signed BitShifts and
+    general ConvInteger an int32 ``Conv``, which onnxruntime does not run (:mod:`.wrap`, :mod:`.conv`).
+    Raises ``ValueError`` if a node outside the default domain survives inlining, or unsigned
+    Add/Sub/Mul remain (TVM treats their wrap-around as undefined).
     """
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -72,6 +75,10 @@ def prepare_for_tvm(model: onnx.ModelProto) -> onnx.ModelProto:
         raise ValueError(f"nodes outside the default domain after inlining (TVM would map them by op_type): "
                          f"{left[:10]}{' ...' if len(left) > 10 else ''}")
     _constant_values_as_tensors(out.graph)
+    rewrite_biased_shifts(out)
+    wrapping = unsigned_arithmetic(out)
+    if wrapping:
+        raise ValueError(f"unsigned Add/Sub/Mul (TVM compiles them as non-wrapping, nuw): {wrapping[:10]}")
     rewrite_conv_integer(out)
     return out
 
