@@ -81,17 +81,25 @@ def _run_rewrite(args) -> int:
 
 
 def _add_tvm(sub) -> None:
-    p = sub.add_parser("compile", help="compile an integer model with TVM (needs pip install -e .[tvm])",
-                       description="Inline the private ops' bodies, import with TVM's relax ONNX frontend, build "
-                                   "with tvm.compile and export a loadable library (.so) plus a .json sidecar.")
+    p = sub.add_parser(
+        "compile",
+        help="compile an integer model with TVM (needs pip install -e .[tvm])",
+        description="Inline the private ops' bodies, import with TVM's relax ONNX frontend, build "
+        "with tvm.compile and export a loadable library (.so) plus a .json sidecar.",
+    )
     p.add_argument("model", help="integer-only .onnx (from 'ivit-onnx rewrite')")
     p.add_argument("-o", "--output", required=True, help="output library path (.so); the sidecar is .json")
     p.add_argument("--target", choices=["llvm", "cuda"], default="llvm", help="TVM target (default llvm)")
     p.add_argument("--arch", help="GPU architecture for cuda, e.g. sm_80, sm_90")
     p.add_argument("--tune", type=int, default=0, metavar="N", help="meta-schedule trials (default 0: none)")
     p.add_argument("--tune-db", metavar="DIR", help="persistent meta-schedule database directory")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
-                   help="fixed input shape (repeatable); default: the model's, dynamic dims as 1")
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="fixed input shape (repeatable); default: the model's, dynamic dims as 1",
+    )
     r = sub.add_parser("run", help="run a compiled library on an .npz of inputs (or random inputs)")
     r.add_argument("library", help="the .so written by 'ivit-onnx compile'")
     r.add_argument("--data", metavar="NPZ", help="inputs by name (default: random, seed 0)")
@@ -115,9 +123,18 @@ def _run_compile(args) -> int:
         raise ConversionError(f"TVM is not installed ({e.name}): pip install -e '.[tvm]'") from None
     from .io import load_model
 
-    art = compile_model(load_model(args.model), target=args.target, arch=args.arch, out=args.output,
-                        tune_trials=args.tune, tune_db=args.tune_db, shape=_parse_shapes(args.shape))
-    print(f"wrote {args.output} (target {art.target.get('kind')}, int8 matmuls {art.info.get('int8_matmuls')})")
+    art = compile_model(
+        load_model(args.model),
+        target=args.target,
+        arch=args.arch,
+        out=args.output,
+        tune_trials=args.tune,
+        tune_db=args.tune_db,
+        shape=_parse_shapes(args.shape),
+    )
+    print(
+        f"wrote {args.output} (target {art.target.get('kind')}, int8 matmuls {art.info.get('int8_matmuls')})"
+    )
     return 0
 
 
