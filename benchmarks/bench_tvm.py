@@ -8,7 +8,8 @@ Both models are compiled for the host CPU with the same meta-schedule budget (``
 databases under ``--tune-dir`` so reruns reuse them); onnxruntime runs the FP32 model and, for reference,
 the integer model through its function bodies. Every runner gets the same random inputs and runs once per
 round, rounds interleaved, so all are measured under the same load; the median per batch is reported with
-ratios. The TVM integer output is checked bit for bit against onnxruntime's run of the function bodies.
+ratios. The TVM integer output is checked bit for bit against onnxruntime's run of the function bodies
+(freshly attached, as the TVM path does: bodies stored in an older file may predate the current opset).
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ def _ort_runner(model_or_path, feeds, threads: int):
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # no spinning into the next runner
     is_proto = isinstance(model_or_path, onnx.ModelProto)
     data = model_or_path.SerializeToString() if is_proto else str(model_or_path)
     sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
@@ -193,13 +195,17 @@ def main(argv=None) -> int:
     tvm_int, tvm_int_out, int_s = _tvm_runner(int_path, int_specs, int_feeds, args.trials, tune_dir / "int")
     tvm_fp32, _, fp32_s = _tvm_runner(fp32_path, fp32_specs, fp32_feeds, args.trials, tune_dir / "fp32")
     ort_fp32 = _ort_runner(fp32_path, fp32_feeds, args.threads)
-    ort_int = _ort_runner(int_model, int_feeds, args.threads)  # stock onnxruntime runs the function bodies
+    from ivit_onnx.opset.functions import attach_functions
+
+    # stock onnxruntime runs the function bodies; fresh ones, as prepare_for_tvm uses (a file's may be stale)
+    ort_int = _ort_runner(attach_functions(int_model), int_feeds, args.threads)
     exact = all(np.array_equal(a, b) for a, b in zip(tvm_int_out(), ort_int(), strict=True))
 
     runners = {"tvm int": tvm_int, "tvm fp32": tvm_fp32, "ort fp32": ort_fp32, "ort int (bodies)": ort_int}
     times = measure(runners, args.iters, args.warmup)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    print(f"batch {args.batch}, {args.threads} threads, {args.trials} trials per model, {args.iters} rounds; "
+    tuning = f"{args.trials} new trials per model" + (" + stored database" if args.tune_dir else "")
+    print(f"batch {args.batch}, {args.threads} threads, {tuning}, {args.iters} rounds; "
           f"compile: int {int_s:.0f} s, fp32 {fp32_s:.0f} s; TVM int == ORT int bit-exact: {exact}")
     print(f"{'runner':<18}{'median ms':>11}{'p10':>9}{'p90':>9}{'vs ort fp32':>13}")
     for name, v in times.items():

@@ -113,7 +113,7 @@ def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
         return tvm.transform.Sequential(passes)(mod)
 
 
-def relax_pipeline(target: tvm.target.Target, database=None) -> tvm.transform.Pass:
+def relax_pipeline(target: tvm.target.Target, database=None, chains: bool = True) -> tvm.transform.Pass:
     """After :func:`fuse`: schedules from ``database``, on cuda the int8 tensor-core rules, then lowering."""
     backend = _backend(target)
 
@@ -126,6 +126,10 @@ def relax_pipeline(target: tvm.target.Target, database=None) -> tvm.transform.Pa
             from .cuda import gpu_schedules
 
             passes.append(gpu_schedules())
+        elif target.kind.name == "llvm" and chains:
+            from .chains import cpu_schedules
+
+            passes.append(cpu_schedules())
         passes += backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
         with target:
             return tvm.transform.Sequential(passes)(mod)

@@ -2,7 +2,9 @@
 
 dlight's ``MatmulInt8Tensorization`` (wmma m16n16k16 s8*s8->s32) fails in ``InjectSoftwarePipeline``
 ("fragment_info_" check) on TVM 0.27; the same schedule without its software-pipeline annotations builds
-and lowers to ``wmma.mma.sync...s32.s8.s8.s32``. Matmuls it does not take fall back to dlight's rules.
+and lowers to ``wmma.mma.sync...s32.s8.s8.s32``. It needs int8 operands (:mod:`.int8_matmul`). Smaller
+matmuls go to dlight's generic rules, whose int8 multiply-adds nvcc turns into ``dp4a`` on its own; the
+fused op bodies go to :class:`.chains.ElementwiseChain` (dlight's Fallback never finishes on them).
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ import tempfile
 from pathlib import Path
 
 import tvm
-import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir import dlight as dl
-from tvm.s_tir.dlight.analysis import get_root_block, normalize_prim_func
-from tvm.s_tir.dlight.base import max_threads_per_block
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import (
     IterKind,
     MatmulInt8Tensorization,
     detect_iter_traits,
     get_reduction_blocks,
 )
+
+from .chains import ElementwiseChain
 
 #: int8 wmma needs sm_72+; each of M, N, K must fill at least one 16x16x16 tile (the schedule pads to 128/16)
 MIN_SM = 72
@@ -84,66 +86,9 @@ class Int8TensorCoreMatmul(dl.ScheduleRule):
         return target.kind.name == "cuda"
 
 
-def _load_counts(sch: s_tir.Schedule, blocks) -> dict:
-    """How many BufferLoads of each buffer the given blocks' bodies hold."""
-    counts: dict = {}
-
-    def visit(load):
-        counts[load.source.data] = counts.get(load.source.data, 0) + 1
-
-    for block in blocks:
-        tvm_ffi.structural_walk(sch.get(block).body, [(tvm.ir.TensorLoad, visit)])
-    return counts
-
-
-class RegisterChain(dl.ScheduleRule):
-    """Elementwise fused functions: inline single-use stages, keep multi-use ones per thread in registers.
-
-    dlight's Fallback inlines every stage; a stage read twice is then computed twice, and the function
-    bodies' chains (floor division reads its dividend twice, ShiftExp reads ``p`` three times, ...) blow up
-    exponentially: ShiftGELU did not finish compiling in 10 minutes. Here such stages are computed once per
-    output element, at the thread loop, into ``local`` buffers.
-    """
-
-    def apply(self, func, target, tunable):
-        if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "cuda":
-            return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None or len(infos) < 2 or not all(i.is_injective() for i in infos):
-            return None
-        root = get_root_block(sch)
-        outputs = sch.get_output_blocks(root)
-        if len(outputs) != 1:
-            return None
-        out = outputs[0]
-        stages = [i.block_rv for i in infos if not sch.get(i.block_rv).same_as(sch.get(out))]
-        uses = _load_counts(sch, [i.block_rv for i in infos])
-        kept = []
-        for block in reversed(stages):
-            written = sch.get(block).writes
-            if len(written) == 1 and uses.get(written[0].source.data, 0) == 1:
-                try:
-                    sch.compute_inline(block)
-                    continue
-                except Exception:  # noqa: BLE001 - not inlinable: keep it in registers
-                    pass
-            kept.append(block)
-        bx, tx = sch.split(sch.fuse(*sch.get_loops(out)), factors=[None, max_threads_per_block(target)])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
-        for block in kept:  # consumers first, so every consumer is already under the thread loop
-            sch.compute_at(block, tx, preserve_unit_loops=True)
-            sch.set_scope(block, 0, "local")
-        return sch
-
-    def is_target_available(self, target) -> bool:
-        return target.kind.name == "cuda"
-
-
 def gpu_schedules() -> tvm.transform.Pass:
-    """dlight's default GPU rules after the int8 tensor-core matmul and the register-chain rule."""
-    return dl.ApplyDefaultSchedule(Int8TensorCoreMatmul(), RegisterChain(), dl.gpu.Matmul(), dl.gpu.GEMV(),
+    """dlight's default GPU rules after the int8 tensor-core matmul and the elementwise-chain rule."""
+    return dl.ApplyDefaultSchedule(Int8TensorCoreMatmul(), ElementwiseChain(), dl.gpu.Matmul(), dl.gpu.GEMV(),
                                    dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
 
 
@@ -185,5 +130,5 @@ def int8_instructions(ptx: str) -> dict[str, int]:
     return counts
 
 
-__all__ = ["Int8TensorCoreMatmul", "RegisterChain", "cuda_sources", "gpu_schedules", "int8_instructions",
+__all__ = ["Int8TensorCoreMatmul", "cuda_sources", "gpu_schedules", "int8_instructions",
            "sm_version", "to_ptx"]

@@ -56,8 +56,8 @@ def foreign_nodes(graph: onnx.GraphProto) -> list[str]:
 def prepare_for_tvm(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with the private ops inlined from fresh bodies, in forms TVM imports bit-exactly.
 
-    The result is meant for TVM only: the bodies' biased uint64 floor shifts become signed BitShifts and
-    general ConvInteger an int32 ``Conv``, which onnxruntime does not run (:mod:`.wrap`, :mod:`.conv`).
+    The result is meant for TVM only: general ConvInteger becomes an int32 ``Conv`` and wrapping uint64
+    floor shifts signed BitShifts, which onnxruntime does not run (:mod:`.conv`, :mod:`.wrap`).
     Raises ``ValueError`` if a node outside the default domain survives inlining, or unsigned
     Add/Sub/Mul remain (TVM treats their wrap-around as undefined).
     """

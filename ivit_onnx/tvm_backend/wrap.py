@@ -1,12 +1,13 @@
-"""Remove wrap-around arithmetic that TVM's code generation treats as undefined.
+"""Keep wrap-around arithmetic, which TVM's code generation treats as undefined, out of the TVM graph.
 
 TVM's llvm backend emits integer add/sub/mul with ``nsw`` (signed) or ``nuw`` (unsigned) flags, so any
-wrap-around, unsigned included, is undefined behaviour that LLVM exploits: ``u + 2**63`` on uint64 compiles to
-``u | 2**63``. The bodies' floor shift ``floor(t / 2**c)`` is written as
-``Cast<int64>((Cast<uint64>(t) + 2**63 >> c) - (2**63 >> c))``, which relies on that wrap-around; here it
-becomes an arithmetic right shift of int64 ``t`` (TVM's BitShift RIGHT is arithmetic on signed types; ONNX
-allows BitShift on unsigned types only, so the result is a TVM-only graph). Any other uint64 Add/Sub/Mul
-left afterwards is refused rather than risked.
+wrap-around, unsigned included, is undefined behaviour that LLVM exploits: ``u + 2**63`` on uint64
+compiles to ``u | 2**63``. The bodies' floor shift once read
+``Cast<int64>((Cast<uint64>(t) + 2**63 >> c) - (2**63 >> c))``, relying on that wrap-around; that form
+(still possible in hand-built graphs) becomes an arithmetic right shift of int64 ``t`` here (TVM's
+BitShift RIGHT is arithmetic on signed types; ONNX allows BitShift on unsigned types only, so the result
+is a TVM-only graph). Today's bodies bias by ``2**62`` in int64 and never wrap. Any unsigned Add/Sub/Mul
+left is refused rather than risked.
 """
 
 from __future__ import annotations
