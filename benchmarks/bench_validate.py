@@ -1,15 +1,17 @@
 """Validation throughput of the integer model (custom-op library, function bodies) vs stock onnxruntime FP32.
 
-    python benchmarks/bench_validate.py [--out DIR] [--batch 8] [--threads 2] [--iters 10] [--profile]
-                                        [--what-if]
+    python benchmarks/bench_validate.py [--model deit_tiny] [--out DIR] [--batch 8] [--threads 2]
+                                        [--iters 10] [--profile]
 
-DeiT-Tiny at 224², random weights: FP32, fake-quant and integer models are built once and cached in
-``--out`` (default: ``$TMPDIR/ivit_bench_validate``). Every backend runs the same random batch through
-:mod:`ivit_onnx.runners` (the code ``python -m ivit_onnx.validate`` uses), interleaved round by round
-so all are measured side by side; the median time per batch gives images/s and the ratio to FP32.
-``--profile`` adds onnxruntime's per-op-type profile of each model (time share by op type; nodes of
-function bodies are attributed to the private op that called them). ``--what-if`` also times the
-function bodies with uint8 MatMulInteger activations (a converter change, emulated; bit-identical).
+DeiT-Tiny (``--model`` for Small/Base) at 224², random weights: FP32, fake-quant and integer models are
+built once and cached in ``--out`` (default: ``$TMPDIR/ivit_bench_validate``). Every backend runs the
+same random batch through :mod:`ivit_onnx.runners` (the code ``python -m ivit_onnx.validate`` uses),
+interleaved round by round so all are measured side by side; the median time per batch gives images/s
+and the ratio to FP32. ``--profile`` adds onnxruntime's per-op-type profile of each model (time share by
+op type; nodes of function bodies are attributed to the private op that called them). The library
+backend is the fast path: compiled kernels (:mod:`ivit_onnx.opset.native`) and GEMM operands re-encoded
+as uint8 (:mod:`ivit_onnx.u8_gemm`); the function bodies run the graph as converted. Both must give the
+same bits.
 """
 
 from __future__ import annotations
@@ -39,17 +41,17 @@ def _torch():
     return torch
 
 
-def build(out: Path) -> dict[str, Path]:
-    """DeiT-Tiny FP32, fake-quant (QDQ) and integer ONNX files, made once."""
-    paths = {k: out / f"deit_tiny_{k}.onnx" for k in ("fp32", "fq", "int")}
+def build(out: Path, name: str = "deit_tiny") -> dict[str, Path]:
+    """FP32, fake-quant (QDQ) and integer ONNX files of DeiT-``name`` (random weights), made once."""
+    paths = {k: out / f"{name}_{k}.onnx" for k in ("fp32", "fq", "int")}
     if all(p.exists() for p in paths.values()):
         return paths
+    from ivit_onnx.models import vit
     from ivit_onnx.models.export import export_onnx
     from ivit_onnx.models.quant import quantize
-    from ivit_onnx.models.vit import deit_tiny_patch16_224
 
     _torch().manual_seed(0)
-    model = deit_tiny_patch16_224().eval()
+    model = getattr(vit, f"{name}_patch16_224")().eval()
     calib = [_torch().randn(4, 3, 224, 224) for _ in range(2)]
     export_onnx(model, calib[0], paths["fp32"])
     export_onnx(quantize(model, calib), calib[0], paths["fq"])
@@ -57,44 +59,12 @@ def build(out: Path) -> dict[str, Path]:
     return paths
 
 
-def uint8_activations(model: onnx.ModelProto) -> onnx.ModelProto:
-    """What-if for the converter: int8 MatMulInteger A operands (zero point 0) as uint8, zero point 128.
-
-    ``u = i + 128`` and ``u - 128 == i``, so the accumulators are bit-identical; onnxruntime then takes its
-    u8×s8 GEMM instead of the slow s8×s8 one. Done here with Cast/Add/Cast per operand; the converter
-    would instead make the producing Requantize write uint8 with ``y_zero_point = 128`` directly.
-    """
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    inferred = onnx.shape_inference.infer_shapes(model).graph
-    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.value_info, *inferred.input]}
-    out.graph.initializer.extend([onnx.numpy_helper.from_array(np.int16(128), "whatif_128"),
-                                  onnx.numpy_helper.from_array(np.uint8(128), "whatif_zp128")])
-    nodes = []
-    for k, n in enumerate(out.graph.node):
-        zp_free = len(n.input) < 3 or not n.input[2]
-        if n.op_type == "MatMulInteger" and types.get(n.input[0]) == onnx.TensorProto.INT8 and zp_free:
-            a, i16, u8 = n.input[0], f"whatif_a16_{k}", f"whatif_u8_{k}"
-            nodes += [onnx.helper.make_node("Cast", [a], [i16], to=onnx.TensorProto.INT16),
-                      onnx.helper.make_node("Add", [i16, "whatif_128"], [i16 + "s"]),
-                      onnx.helper.make_node("Cast", [i16 + "s"], [u8], to=onnx.TensorProto.UINT8)]
-            inputs = [u8, n.input[1], "whatif_zp128", *n.input[3:]]
-            del n.input[:]
-            n.input.extend(inputs)
-        nodes.append(n)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out
-
-
-def runners(paths: dict[str, Path], threads: int, what_if: bool = False) -> dict:
+def runners(paths: dict[str, Path], threads: int) -> dict:
     fp32, fq, integer = (onnx.load(paths[k]) for k in ("fp32", "fq", "int"))
     out = {"fp32 (onnxruntime)": OrtRunner(fp32, "onnxruntime", threads),
            "fake-quant QDQ (onnxruntime)": OrtRunner(fq, "onnxruntime", threads),
            "int: custom-op library": OrtRunner(integer, "library", threads),
            "int: function bodies": OrtRunner(integer, "functions", threads)}
-    if what_if:
-        out["what-if: bodies, u8 activations"] = OrtRunner(uint8_activations(integer), "functions", threads)
     for r in out.values():
         r.prepare()
     return out
@@ -131,13 +101,16 @@ def profile(model: onnx.ModelProto, backend: str, x: np.ndarray, threads: int, i
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.enable_profiling = True
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as OrtRunner
     opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "prof")
     opts.log_severity_level = 3
     owner_of: dict[str, str] = {}
     if backend == "library":
         from onnxruntime_extensions import get_library_path
 
-        model = library_model(model)
+        from ivit_onnx.u8_gemm import recode
+
+        model = library_model(recode(model).model)  # as OrtRunner's library backend runs it
         opts.register_custom_ops_library(get_library_path())
     elif backend == "functions":
         model, owner_of = named_inline(model)  # what ORT's own inlining does, with names kept
@@ -165,30 +138,28 @@ def profile(model: onnx.ModelProto, backend: str, x: np.ndarray, threads: int, i
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "ivit_bench_validate"))
+    ap.add_argument("--model", choices=["deit_tiny", "deit_small", "deit_base"], default="deit_tiny")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--profile", action="store_true", help="also print the per-op-type profile")
-    ap.add_argument("--what-if", action="store_true",
-                    help="also time the bodies with uint8 (zero point 128) MatMulInteger activations")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = build(out)
+    paths = build(out, args.model)
     x = np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
-    rs = runners(paths, args.threads, args.what_if)
+    rs = runners(paths, args.threads)
     times = measure(rs, x, args.iters)
     base = statistics.median(times["fp32 (onnxruntime)"])
-    print(f"DeiT-Tiny 224², batch {args.batch}, {args.threads} threads, median of {args.iters} "
+    print(f"{args.model} 224², batch {args.batch}, {args.threads} threads, median of {args.iters} "
           f"(onnxruntime {ort.__version__})")
     print(f"{'backend':32s} {'ms/batch':>9s} {'images/s':>9s} {'x FP32 time':>11s}")
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"{name:32s} {1000 * med:9.1f} {args.batch / med:9.1f} {med / base:11.2f}")
-    if args.what_if:
-        same = [np.array_equal(*[next(iter(rs[k].run({"input": x}).values()))
-                                 for k in ("int: function bodies", "what-if: bodies, u8 activations")])]
-        print(f"what-if outputs bit-identical to the converted model's: {same[0]}")
+    outs = {k: rs[k].run({"input": x}) for k in ("int: custom-op library", "int: function bodies")}
+    same = all(np.array_equal(a, b) for a, b in zip(*(o.values() for o in outs.values()), strict=True))
+    print(f"library and function-body outputs bit-identical: {same}")
     if args.profile:
         integer = onnx.load(paths["int"])
         for label, model, backend in (("fp32", onnx.load(paths["fp32"]), "onnxruntime"),

@@ -233,7 +233,9 @@ class Validation:
         self.info.update(inputs=data.description, samples=data.count, batch=fixed or a.batch,
                          input_specs=[s.describe() for s in specs], backends=a.backends)
         self.tmap = compare.tensor_map(model)
-        self.runners = self._start([(b, make_runner, model) for b in a.backends])
+        factory = lambda b, m, t: make_runner(b, m, t, u8_gemm=not a.int8_gemm)  # noqa: E731
+        self.runners = self._start([(b, factory, model) for b in a.backends])
+        self.info["backend_notes"] = {b: r.describe() for b, r in self.runners.items() if r.describe()}
         self.refs = self._start([(label, lambda _b, m, t: OrtRunner(m, "onnxruntime", t), m)
                                  for label, m in (("fake-quant", fq), ("fp32", fp32)) if m is not None])
         pairs = [(label, self._pair(model, r.model)) for label, r in self.refs.items()]
@@ -418,6 +420,7 @@ class Validation:
             lines.append(f"  inputs    {i['inputs']}: {i['samples']} samples, batch {i['batch']} "
                          f"({'; '.join(i['input_specs'])})")
             lines.append(f"  backends  {', '.join(i['backends'])}")
+            lines += [f"            {b}: {note}" for b, note in i.get("backend_notes", {}).items()]
         w = max([30, *(len(c.name) for c in self.checks)])
         lines += ["", f"  {'STATUS':8} {'CHECK':{w}} DETAIL"]
         for c in self.checks:
@@ -516,6 +519,9 @@ def parser() -> argparse.ArgumentParser:
                         "the references, the others must agree with it bit for bit (default: library)")
     g.add_argument("--threads", type=int, default=None, metavar="N",
                    help="onnxruntime intra-op threads (default: all)")
+    g.add_argument("--int8-gemm", action="store_true",
+                   help="library: keep int8 x int8 GEMMs as converted (default: operands re-encoded as uint8 "
+                        "with zero point 128, exact, for onnxruntime's fast u8 GEMM)")
     g = p.add_argument_group("references")
     g.add_argument("--reference", metavar="FQ.onnx", help="the fake-quant model it was converted from "
                    f"('{BUNDLED}': the bundled digits ViT)")

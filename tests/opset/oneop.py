@@ -5,7 +5,9 @@
 * ``reference``        -- the numpy reference kernel (``spec.run``), the normative definition;
 * ``ort_functions``    -- the ONNX function body in stock onnxruntime;
 * ``onnx_functions``   -- the same function body in ``onnx.reference.ReferenceEvaluator``;
-* ``ort_library``      -- the custom-op library (onnxruntime-extensions hosting the reference kernels);
+* ``ort_library``      -- the custom-op library (onnxruntime-extensions hosting the compiled kernels);
+* ``native_1t``/``native_3t`` -- the compiled kernels called directly, on 1 and 3 threads (when they take
+  the call; see :mod:`ivit_onnx.opset.native`);
 
 and, with ``evaluator=True``, ``evaluator`` -- :func:`ivit_onnx.opset.reference.evaluator`
 (onnx.reference with the private ops bound to the reference kernels).
@@ -26,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ivit_onnx.dyadic import dyadic, dyadic_array, multiplier_bits
-from ivit_onnx.opset import OpSpec
+from ivit_onnx.opset import OpSpec, native
 from ivit_onnx.opset._body import Body
 from ivit_onnx.opset.functions import attach_functions
 from ivit_onnx.opset.ort_library import session
@@ -85,6 +87,12 @@ def run_all_ways(spec: OpSpec, inputs, attrs: dict, opset: int = 17, feed_all: b
     }
     if evaluator:
         results["evaluator"] = reference_evaluator(model).run(None, feeds)[0]
+    for threads in (1, 3):  # the compiled kernels directly, one chunk and several
+        native.set_threads(threads)
+        got = native.KERNELS[spec.name](*inputs, **attrs)
+        if got is not None:
+            results[f"native_{threads}t"] = got
+    native.set_threads(None)
     return results
 
 

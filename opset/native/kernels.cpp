@@ -1,0 +1,423 @@
+// Native kernels of the private opset ai.ivit: the arithmetic of the numpy reference kernels
+// (opset/<op>.py), fused into one pass per op and compiled, so the onnxruntime custom-op library
+// runs at native speed. Plain C ABI, no onnxruntime or Python headers; loaded with ctypes by
+// opset/native.py. Every kernel must equal its reference bit for bit (tests/opset/test_native.py).
+//
+// Integer semantics mirror numpy's int64: wrap-around (-fwrapv), `>>` is floor, shifts by counts
+// outside [0, 63] give 0 (left) or the sign (right), floor division by zero gives 0. Divisions by
+// a positive divisor with a small quotient go through double precision and one exact correction
+// step (see floor_div_small), which is what makes the fused loops cheap.
+
+#include <algorithm>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+using i64 = int64_t;
+using u64 = uint64_t;
+
+namespace {
+
+enum Dtype : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
+
+inline i64 shl(i64 a, i64 b) { return static_cast<u64>(b) < 64 ? static_cast<i64>(static_cast<u64>(a) << b) : 0; }
+
+inline i64 shr(i64 a, i64 b) { return static_cast<u64>(b) < 64 ? (a >> b) : (a < 0 ? -1 : 0); }
+
+// numpy's floor_divide on int64 (b == 0 gives 0; INT64_MIN / -1 wraps).
+inline i64 floor_div(i64 a, i64 b) {
+  if (b == 0) return 0;
+  if (b == -1) return static_cast<i64>(0 - static_cast<u64>(a));
+  i64 q = a / b, r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) --q;
+  return q;
+}
+
+// floor(a / b) for 0 <= a < 2**52 and 1 <= b, from a double estimate `a * inv_b` (inv_b = 1.0 / b):
+// the estimate is within 1 of the quotient, and one remainder test makes it exact.
+inline i64 floor_div_small(i64 a, i64 b, double inv_b) {
+  i64 q = static_cast<i64>(static_cast<double>(a) * inv_b);
+  i64 r = a - q * b;
+  q -= (r < 0);
+  q += (r >= b);
+  return q;
+}
+
+// floor(a / b) with the double shortcut where it is exact, numpy's floor division elsewhere.
+inline i64 div_by(i64 a, i64 b, double inv_b) {
+  if (a >= 0 && b > 0 && a < (i64(1) << 52)) {
+    if (b >= (i64(1) << 52)) return 0;  // then a < b
+    return floor_div_small(a, b, inv_b);
+  }
+  return floor_div(a, b);
+}
+
+constexpr i64 RECIP_M = (i64(1) << 62) - 1;
+
+// floor((2**62 - 1) / s): for 2**14 <= s < 2**61 a double quotient (< 2**48, error < 1) corrected once.
+inline i64 recip(i64 s) {
+  if (s < (i64(1) << 14) || s >= (i64(1) << 61)) return floor_div(RECIP_M, s);
+  i64 q = static_cast<i64>(4611686018427387904.0 / static_cast<double>(s));
+  i64 r = RECIP_M - q * s;  // |r| <= 2 s, no wrap for s < 2**61
+  q -= (r < 0);
+  q += (r >= s);
+  return q;
+}
+
+inline i64 round_shift(i64 t, i64 c) { return shr(t + shr(shl(1, c), 1), c); }
+
+inline i64 clip(i64 y, i64 lo, i64 hi) { return y < lo ? lo : (y > hi ? hi : y); }
+
+struct Exp {  // shift_exp(d) = (x0 + floor(-r/2)) * 2**(n - q) of opset/shift_exp.py
+  i64 x0, n, nx0;
+  double inv_x0;
+  bool small;  // -p <= n*x0 < 2**52: the quotient by x0 comes from a double product, exactly
+  Exp(i64 x0_, i64 n_)
+      : x0(x0_), n(n_), nx0(n_ * x0_), inv_x0(1.0 / static_cast<double>(x0_)), small(n_ * x0_ < (i64(1) << 52)) {}
+  static i64 p_of(i64 d) { return d + shr(d, 1) - shr(d, 4); }
+  i64 operator()(i64 d) const {
+    const i64 a = -std::max(p_of(d), -nx0);
+    const i64 q = small && a >= 0 ? floor_div_small(a, x0, inv_x0) : div_by(a, x0, inv_x0);
+    const i64 r = a - q * x0;
+    return (x0 + shr(-r, 1)) * shl(1, n - q);
+  }
+  // The smallest a >= 0 from which shift_exp(-a) is clamped (p <= -n*x0): p(-a) is non-increasing in a,
+  // so every larger a gives the same value.
+  i64 clamp_point() const {
+    i64 a = nx0 / 2;  // p(-a) >= -1.5 a - 1 > -n*x0 below this
+    while (p_of(-a) > -nx0) a += std::max<i64>(1, (p_of(-a) + nx0) / 2);
+    while (a > 0 && p_of(-(a - 1)) <= -nx0) --a;
+    return a;
+  }
+};
+
+// Largest exp table (entries); beyond it, or where it would not pay for itself, exps are evaluated directly.
+constexpr i64 LUT_MAX = 1 << 18;
+
+template <class T>
+const T* as(const void* p) { return static_cast<const T*>(p); }
+
+// Run body(begin, end) over [0, n) in up to `threads` contiguous chunks (the caller's thread takes one).
+template <class F>
+void parallel_for(i64 n, int threads, i64 grain, F body) {
+  int k = static_cast<int>(std::min<i64>(threads, std::max<i64>(1, n / std::max<i64>(grain, 1))));
+  if (k <= 1) {
+    body(i64(0), n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  i64 step = (n + k - 1) / k;
+  for (int t = 1; t < k; ++t) {
+    i64 b = t * step, e = std::min(n, b + step);
+    if (b < e) pool.emplace_back(body, b, e);
+  }
+  body(i64(0), std::min(n, step));
+  for (auto& th : pool) th.join();
+}
+
+constexpr i64 GRAIN = 1 << 15;  // elements per thread below which one thread does it all
+
+// Walk an (outer, nc, inner) tensor in parallel segments: fixed(start, len, ch) for runs of one channel,
+// along(start) for a row of nc elements whose channel is the position in the row (inner == 1).
+template <class Fixed, class Along>
+void channel_segments(i64 outer, i64 nc, i64 inner, int threads, Fixed fixed, Along along) {
+  if (nc == 1) {
+    parallel_for(outer * inner, threads, GRAIN, [&](i64 lo, i64 hi) { fixed(lo, hi - lo, i64(0)); });
+  } else if (inner == 1) {
+    parallel_for(outer, threads, std::max<i64>(1, GRAIN / nc), [&](i64 lo, i64 hi) {
+      for (i64 r = lo; r < hi; ++r) along(r * nc);
+    });
+  } else {
+    parallel_for(outer * nc, threads, std::max<i64>(1, GRAIN / inner), [&](i64 lo, i64 hi) {
+      for (i64 r = lo; r < hi; ++r) fixed(r * inner, inner, r % nc);
+    });
+  }
+}
+
+// Dispatch a generic lambda over the C++ types of two dtype codes.
+template <class F>
+bool with_types(int ti, int to, F f) {
+  auto out = [&](auto in_tag) -> bool {
+    using TI = decltype(in_tag);
+    switch (to) {
+      case I8: f(TI{}, int8_t{}); return true;
+      case U8: f(TI{}, uint8_t{}); return true;
+      case I16: f(TI{}, int16_t{}); return true;
+      case I32: f(TI{}, int32_t{}); return true;
+      default: return false;
+    }
+  };
+  switch (ti) {
+    case I8: return out(int8_t{});
+    case U8: return out(uint8_t{});
+    case I16: return out(int16_t{});
+    case I32: return out(int32_t{});
+    default: return false;
+  }
+}
+
+// max and min of n integers
+template <class T>
+void min_max(const T* __restrict x, i64 n, i64& lo, i64& hi) {
+  T mn = x[0], mx = x[0];
+  for (i64 i = 1; i < n; ++i) {
+    mn = std::min(mn, x[i]);
+    mx = std::max(mx, x[i]);
+  }
+  lo = mn;
+  hi = mx;
+}
+
+// Entries of a table over a = 0..span (span: the largest a looked up; past the clamp point every a reads
+// the last entry), or 0 for "evaluate directly" (too big, or not paid for by `uses` lookups).
+inline i64 table_size(const Exp& exp, i64 span, i64 uses) {
+  const i64 size = std::min(std::max<i64>(span, 0), exp.clamp_point()) + 1;
+  return (size <= LUT_MAX && size * 4 <= uses) ? size : 0;
+}
+
+// The inner loops take every parameter by value and their arrays __restrict: int8 stores may alias
+// anything otherwise, which keeps the compiler from vectorizing.
+struct Rescale {  // clip(((t + h) >> c) + zy, lo, hi)
+  i64 zy, lo, hi;
+  i64 operator()(i64 t, i64 h, i64 c) const { return clip(((t + h) >> c) + zy, lo, hi); }
+};
+
+template <class TI, class TO>
+void requantize_run(const TI* __restrict x, TO* __restrict y, i64 len, i64 zx, i64 b, i64 h, i64 c, Rescale rs) {
+  for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs((static_cast<i64>(x[j]) - zx) * b, h, c));
+}
+
+template <class TI, class TO>
+void requantize_row(const TI* __restrict x, TO* __restrict y, i64 len, i64 zx, const i64* __restrict b,
+                    const i64* __restrict h, const i64* __restrict c, Rescale rs) {
+  for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs((static_cast<i64>(x[j]) - zx) * b[j], h[j], c[j]));
+}
+
+template <class TA, class TB, class TO>
+void iadd_run(const TA* __restrict a, const TB* __restrict b, TO* __restrict y, i64 len, i64 za, i64 zb,
+              i64 ma, i64 mb, i64 h, i64 c, Rescale rs) {
+  for (i64 j = 0; j < len; ++j)
+    y[j] = static_cast<TO>(rs((static_cast<i64>(a[j]) - za) * ma + (static_cast<i64>(b[j]) - zb) * mb, h, c));
+}
+
+template <class TI, class TO>
+void gelu_run(const TI* __restrict x, TO* __restrict y, i64 len, const i64* __restrict mid, i64 last, i64 b,
+              i64 h, i64 c, Rescale rs) {
+  for (i64 j = 0; j < len; ++j) {
+    const i64 v = x[j];
+    y[j] = static_cast<TO>(rs(v * mid[std::clamp<i64>(v, -last, last)] * b, h, c));
+  }
+}
+
+template <class TI, class TO>
+void gelu_row(const TI* __restrict x, TO* __restrict y, i64 len, const i64* __restrict mid, i64 last,
+              const i64* __restrict b, const i64* __restrict h, const i64* __restrict c, Rescale rs) {
+  for (i64 j = 0; j < len; ++j) {
+    const i64 v = x[j];
+    y[j] = static_cast<TO>(rs(v * mid[std::clamp<i64>(v, -last, last)] * b[j], h[j], c[j]));
+  }
+}
+
+template <class TI>
+i64 softmax_exps(const TI* __restrict x, i64* __restrict e, i64 len, i64 mx, const i64* __restrict lut,
+                 i64 last) {
+  i64 sum = 0;
+  for (i64 j = 0; j < len; ++j) {
+    e[j] = lut[std::min<i64>(mx - x[j], last)];
+    sum += e[j];
+  }
+  return sum;
+}
+
+template <class TO>
+void softmax_out(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, i64 sh, i64 zy) {
+  for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(((e[j] * f) >> sh) + zy);
+}
+
+template <class TI>
+i64 centre(const TI* __restrict x, i64* __restrict d, i64 len, i64 scale, i64 mean) {
+  i64 v = 0;
+  for (i64 j = 0; j < len; ++j) {
+    d[j] = static_cast<i64>(x[j]) * scale - mean;
+    v += d[j] * d[j];
+  }
+  return v;
+}
+
+template <class TO>
+void layernorm_out(const i64* __restrict d, TO* __restrict y, i64 len, i64 f, i64 ush, const i64* __restrict b,
+                   const i64* __restrict bias, const i64* __restrict h, const i64* __restrict c, Rescale rs) {
+  for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs(((d[j] * f) >> ush) * b[j] + bias[j], h[j], c[j]));
+}
+
+std::vector<i64> halves(const i64* c, i64 n) {
+  std::vector<i64> h(n);
+  for (i64 k = 0; k < n; ++k) h[k] = (i64(1) << c[k]) >> 1;
+  return h;
+}
+
+}  // namespace
+
+extern "C" {
+
+// y = clip(round_shift((x - zx) * b[ch], c[ch]) + zy, qmin, qmax); ch = (i / inner) % nc; 0 <= c <= 62.
+int ivit_requantize(const void* x, int ti, i64 outer, i64 nc, i64 inner, i64 zx, const i64* b, const i64* c,
+                    i64 zy, i64 qmin, i64 qmax, void* y, int to, int threads) {
+  const std::vector<i64> half = halves(c, nc);
+  const i64* h = half.data();
+  const Rescale rs{zy, qmin, qmax};
+  return with_types(ti, to, [&](auto ti_, auto to_) {
+    using TI = decltype(ti_);
+    using TO = decltype(to_);
+    const TI* xs = as<TI>(x);
+    TO* ys = static_cast<TO*>(y);
+    channel_segments(
+        outer, nc, inner, threads,
+        [&](i64 i, i64 len, i64 ch) { requantize_run(xs + i, ys + i, len, zx, b[ch], h[ch], c[ch], rs); },
+        [&](i64 i) { requantize_row(xs + i, ys + i, nc, zx, b, h, c, rs); });
+  }) ? 0 : 1;
+}
+
+// y = clip(round_shift((a - za) * ma + (b - zb) * mb, c) + zy, qmin, qmax); b repeats every nb elements.
+int ivit_iadd(const void* a, int ta, const void* b, int tb, i64 n, i64 nb, i64 za, i64 zb, i64 ma, i64 mb,
+              i64 c, i64 zy, i64 qmin, i64 qmax, void* y, int to, int threads) {
+  bool ok = false;
+  const Rescale rs{zy, qmin, qmax};
+  const i64 h = (i64(1) << c) >> 1;
+  with_types(ta, tb, [&](auto ta_, auto tb_) {
+    using TA = decltype(ta_);
+    using TB = decltype(tb_);
+    ok = with_types(I8, to, [&](auto, auto to_) {
+      using TO = decltype(to_);
+      const TA* as_ = as<TA>(a);
+      const TB* bs = as<TB>(b);
+      TO* ys = static_cast<TO*>(y);
+      if (nb == n) {
+        parallel_for(n, threads, GRAIN, [&](i64 lo, i64 hi) {
+          iadd_run(as_ + lo, bs + lo, ys + lo, hi - lo, za, zb, ma, mb, h, c, rs);
+        });
+        return;
+      }
+      parallel_for(n / nb, threads, std::max<i64>(1, GRAIN / nb), [&](i64 lo, i64 hi) {
+        for (i64 r = lo; r < hi; ++r) iadd_run(as_ + r * nb, bs, ys + r * nb, nb, za, zb, ma, mb, h, c, rs);
+      });
+    });
+  });
+  return ok ? 0 : 1;
+}
+
+// Shiftmax over rows of `len`: y = int_div(shift_exp(x - max), sum, bits) + zy (no clip); 0 <= bits <= 62.
+int ivit_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x0, i64 n, i64 bits, void* y, int to,
+                  int threads) {
+  return with_types(ti, to, [&](auto ti_, auto to_) {
+    using TI = decltype(ti_);
+    using TO = decltype(to_);
+    const Exp exp(x0, n);
+    i64 lo, hi;
+    min_max(as<TI>(x), rows * len, lo, hi);
+    const i64 size = table_size(exp, hi - lo, rows * len);  // a = max - x <= hi - lo
+    std::vector<i64> table(size);
+    for (i64 a = 0; a < size; ++a) table[a] = exp(-a);
+    const i64* lut = table.data();
+    const i64 sh = 62 - bits;
+    parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 r0, i64 r1) {
+      std::vector<i64> e(len);
+      for (i64 r = r0; r < r1; ++r) {
+        const TI* xr = as<TI>(x) + r * len;
+        i64 mx = xr[0];
+        for (i64 j = 1; j < len; ++j) mx = std::max<i64>(mx, xr[j]);
+        i64 sum = 0;
+        if (size) {
+          sum = softmax_exps(xr, e.data(), len, mx, lut, size - 1);
+        } else {
+          for (i64 j = 0; j < len; ++j) sum += (e[j] = exp(static_cast<i64>(xr[j]) - mx));
+        }
+        softmax_out(e.data(), static_cast<TO*>(y) + r * len, len, floor_div(RECIP_M, sum), sh, zy);
+      }
+    });
+  }) ? 0 : 1;
+}
+
+// ShiftGELU: sg = int_div(e1, e1 + e2, bits) with one of e1, e2 equal to shift_exp(0) = x0 * 2**n,
+// y = clip(round_shift(x * sg * b[ch], c[ch]) + zy, qmin, qmax); ch = (i / inner) % nc; 0 <= c <= 62.
+int ivit_shiftgelu(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* b, const i64* c, i64 zy,
+                   i64 x0, i64 n, i64 bits, i64 qmin, i64 qmax, void* y, int to, int threads) {
+  const std::vector<i64> half = halves(c, nc);
+  const i64* h = half.data();
+  const Rescale rs{zy, qmin, qmax};
+  return with_types(ti, to, [&](auto ti_, auto to_) {
+    using TI = decltype(ti_);
+    using TO = decltype(to_);
+    const Exp exp(x0, n);
+    const i64 top = exp(0), sh = 62 - bits;  // shift_exp(0) = x0 * 2**n
+    // m = max(v, 0): for v >= 0, e1 = shift_exp(0) and e2 = shift_exp(-v); for v < 0, e1 = shift_exp(v)
+    // and e2 = shift_exp(0). Either way one exp of -|v|, so sg depends on v alone: tabulate it over
+    // |v| up to the clamp point (beyond it, sg(v) = sg(+-last)).
+    auto sigmoid = [&](i64 v) {
+      const i64 other = exp(v < 0 ? v : -v);
+      const i64 e1 = v >= 0 ? top : other, e2 = v >= 0 ? other : top;
+      return shr(e1 * recip(e1 + e2), sh);
+    };
+    const TI* xs = as<TI>(x);
+    TO* ys = static_cast<TO*>(y);
+    i64 lo, hi;
+    min_max(xs, outer * nc * inner, lo, hi);
+    const i64 total = outer * nc * inner, size = table_size(exp, std::max(hi, -lo), total / 2);
+    if (!size) {
+      channel_segments(
+          outer, nc, inner, threads,
+          [&](i64 i, i64 len, i64 ch) {
+            for (i64 j = i; j < i + len; ++j) ys[j] = static_cast<TO>(rs(xs[j] * sigmoid(xs[j]) * b[ch], h[ch], c[ch]));
+          },
+          [&](i64 i) {
+            for (i64 j = 0; j < nc; ++j) ys[i + j] = static_cast<TO>(rs(xs[i + j] * sigmoid(xs[i + j]) * b[j], h[j], c[j]));
+          });
+      return;
+    }
+    const i64 last = size - 1;
+    std::vector<i64> table(2 * last + 1);
+    for (i64 v = -last; v <= last; ++v) table[v + last] = sigmoid(v);
+    const i64* mid = table.data() + last;
+    channel_segments(
+        outer, nc, inner, threads,
+        [&](i64 i, i64 len, i64 ch) { gelu_run(xs + i, ys + i, len, mid, last, b[ch], h[ch], c[ch], rs); },
+        [&](i64 i) { gelu_row(xs + i, ys + i, nc, mid, last, b, h, c, rs); });
+  }) ? 0 : 1;
+}
+
+// ILayerNorm over rows of `len` (b, c, bias per channel of the last axis, or one value when nc == 1).
+int ivit_ilayernorm(const void* x, int ti, i64 rows, i64 len, const i64* b, const i64* c, const i64* bias,
+                    i64 nc, i64 zy, i64 shift_in, i64 p, i64 qmin, i64 qmax, void* y, int to, int threads) {
+  std::vector<i64> bb(len), cc(len), biases(len);  // per channel, whatever nc
+  for (i64 j = 0; j < len; ++j) {
+    const i64 k = nc == 1 ? 0 : j;
+    bb[j] = b[k];
+    cc[j] = c[k];
+    biases[j] = bias[k];
+  }
+  const std::vector<i64> half = halves(cc.data(), len);
+  const Rescale rs{zy, qmin, qmax};
+  return with_types(ti, to, [&](auto ti_, auto to_) {
+    using TI = decltype(ti_);
+    using TO = decltype(to_);
+    const i64 scale = shl(1, shift_in), ush = 61 - p;
+    parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 lo, i64 hi) {
+      std::vector<i64> d(len);
+      for (i64 r = lo; r < hi; ++r) {
+        const TI* xr = as<TI>(x) + r * len;
+        i64 sum = 0;
+        for (i64 j = 0; j < len; ++j) sum += xr[j];
+        const i64 v = std::max<i64>(centre(xr, d.data(), len, scale, floor_div(sum * scale, len)), 1);
+        // isqrt of opset/ilayernorm.py: start 2**((bits(v)+1)//2), 10 Newton steps r <- min(r, (r + v//r)//2)
+        i64 nbits = 0;
+        for (int k = 0; k < 63; ++k) nbits += v >= (i64(1) << k);
+        i64 root = shl(1, floor_div(nbits + 1, 2));
+        for (int s = 0; s < 10; ++s) root = std::min(root, floor_div(root + floor_div(v, root), 2));
+        layernorm_out(d.data(), static_cast<TO*>(y) + r * len, len, floor_div(i64(1) << 61, root), ush, bb.data(),
+                      biases.data(), half.data(), cc.data(), rs);
+      }
+    });
+  }) ? 0 : 1;
+}
+
+}  // extern "C"

@@ -1,0 +1,90 @@
+"""The uint8 re-encoding of GEMM operands (:mod:`ivit_onnx.u8_gemm`) changes no output and no intermediate."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ivit_onnx.opset.functions import attach_functions
+from ivit_onnx.runners import OrtRunner, node_outputs
+from ivit_onnx.u8_gemm import decode, recode
+from tests.validate.conftest import x_batch
+
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    g = onnx.shape_inference.infer_shapes(model).graph
+    return {v.name: v.type.tensor_type.elem_type for v in [*g.value_info, *g.input, *g.output]}
+
+
+def test_every_gemm_activation_becomes_uint8_and_outputs_stay(tiny):
+    model = tiny.model()
+    done = recode(model)
+    types = _types(done.model)
+    gemms = [n for n in done.model.graph.node if n.op_type == "MatMulInteger"]
+    assert gemms and all(types[n.input[0]] == TensorProto.UINT8 for n in gemms)
+    assert len(done.producers) >= 2 * 5  # per block: LN1, qkv, attention output, LN2, GELU
+    x = x_batch(4)
+    want = OrtRunner(model, "functions", 1).run({"input": x})
+    got = OrtRunner(done.model, "functions", 1, u8_gemm=False).run({"input": x})
+    assert all(np.array_equal(want[k], got[k]) for k in want)
+
+
+def test_library_runner_decodes_every_intermediate(tiny):
+    """Every node output of the re-encoded library session, decoded, equals the unmodified graph's."""
+    model = tiny.model()
+    lib, bodies = OrtRunner(model, "library", 1), OrtRunner(model, "functions", 1, u8_gemm=False)
+    names = node_outputs(model)
+    x = x_batch(2, seed=3)
+    got, want = lib.run_with({"input": x}, names), bodies.run_with({"input": x}, names)
+    assert lib.recoded and set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
+    plain = OrtRunner(model, "library", 1, u8_gemm=False)
+    assert plain._prepared() is model and not plain.recoded
+
+
+def _chain(consumer: str) -> onnx.ModelProto:
+    """x:int8 -> Requantize -> t -> MatMulInteger(t, w), and t also into ``consumer`` (a blocker or not)."""
+    i8 = lambda v, n: numpy_helper.from_array(np.array(v, np.int8), n)  # noqa: E731
+    inits = [i8(0, "z"), numpy_helper.from_array(np.int64(3), "b"), numpy_helper.from_array(np.int64(1), "c"),
+             i8(np.arange(12).reshape(4, 3) - 6, "w")]
+    nodes = [helper.make_node("Requantize", ["x", "z", "b", "c", "z"], ["t"], domain="ai.ivit", qmin=-128,
+                              qmax=127),
+             helper.make_node("MatMulInteger", ["t", "w"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.INT32, None)]
+    if consumer == "output":
+        outputs.append(helper.make_tensor_value_info("t", TensorProto.INT8, None))
+    elif consumer == "ILayerNorm":
+        inits += [numpy_helper.from_array(np.full(4, 1 << 10, np.int64), n) for n in ("lb", "lbias")]
+        inits.append(numpy_helper.from_array(np.full(4, 20, np.int64), "lc"))
+        nodes.append(helper.make_node("ILayerNorm", ["t", "lb", "lc", "lbias", "z"], ["l"], domain="ai.ivit",
+                                      shift_in=4, p=20, qmin=-128, qmax=127))
+        outputs.append(helper.make_tensor_value_info("l", TensorProto.INT8, None))
+    elif consumer == "Requantize":
+        nodes.append(helper.make_node("Requantize", ["t", "z", "b", "c", "z"], ["r"], domain="ai.ivit",
+                                      qmin=-128, qmax=127))
+        outputs.append(helper.make_tensor_value_info("r", TensorProto.INT8, None))
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.INT8, [2, 4])],
+                          outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.ivit", 1)],
+                          ir_version=10)
+    return attach_functions(m)
+
+
+def test_blockers_leave_the_producer_alone():
+    for consumer, recoded in (("output", False), ("ILayerNorm", False), ("Requantize", True)):
+        model = _chain(consumer)
+        done = recode(model)
+        assert bool(done.tensors) == recoded, consumer
+        x = {"x": np.array([[-128, -1, 0, 127], [5, -7, 100, -100]], np.int8)}
+        want = OrtRunner(model, "functions", 1, u8_gemm=False).run(x)
+        got = OrtRunner(model, "library", 1).run(x)
+        assert all(np.array_equal(want[k], got[k]) and want[k].dtype == got[k].dtype for k in want), consumer
+
+
+def test_decode_is_the_inverse_of_plus_128():
+    i = np.arange(-128, 128, dtype=np.int8)
+    u = (i.astype(np.int16) + 128).astype(np.uint8)
+    assert np.array_equal(decode("t", u, {"t"}), i)
+    assert decode("t", u, set()) is u
