@@ -233,7 +233,8 @@ class Validation:
         self.info.update(inputs=data.description, samples=data.count, batch=fixed or a.batch,
                          input_specs=[s.describe() for s in specs], backends=a.backends)
         self.tmap = compare.tensor_map(model)
-        factory = lambda b, m, t: make_runner(b, m, t, u8_gemm=not a.int8_gemm)  # noqa: E731
+        # u8_gemm None: the runner's default (re-encode for the library only); --int8-gemm: never
+        factory = lambda b, m, t: make_runner(b, m, t, u8_gemm=False if a.int8_gemm else None)  # noqa: E731
         self.runners = self._start([(b, factory, model) for b in a.backends])
         self.info["backend_notes"] = {b: r.describe() for b, r in self.runners.items() if r.describe()}
         self.refs = self._start([(label, lambda _b, m, t: OrtRunner(m, "onnxruntime", t), m)

@@ -88,3 +88,13 @@ def test_decode_is_the_inverse_of_plus_128():
     u = (i.astype(np.int16) + 128).astype(np.uint8)
     assert np.array_equal(decode("t", u, {"t"}), i)
     assert decode("t", u, set()) is u
+
+
+def test_validate_reports_the_encoding_and_int8_gemm_turns_it_off(tiny, capsys):
+    from tests.validate.test_validate_cli import run_main, status
+
+    code, out, _ = run_main(capsys, tiny.int, "--backends", "library,functions")
+    assert code == 0 and status(out, "bit-exact: functions == library") == "PASSED"
+    assert "int8 GEMM operand producers re-encoded as uint8 (exact)" in out
+    code, out, _ = run_main(capsys, tiny.int, "--backends", "library,functions", "--int8-gemm")
+    assert code == 0 and "int8 GEMMs as converted" in out
