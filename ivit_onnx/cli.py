@@ -145,20 +145,32 @@ def _run_run(args) -> int:
         from .tvm_backend import load, run
     except ImportError as e:
         raise ConversionError(f"TVM is not installed ({e.name}): pip install -e '.[tvm]'") from None
-    art = load(args.library)
+    try:
+        art = load(args.library)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ConversionError(f"{args.library}: cannot load a compiled model ({_first_line(e)})") from None
     if args.data:
         with np.load(args.data) as d:
             feeds = {k: d[k] for k in d.files}
     else:
         rng = np.random.default_rng(0)
         feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in art.inputs}
-    outs = run(art, feeds)
+    try:
+        outs = run(art, feeds)
+    except KeyError as e:
+        raise ConversionError(f"{args.data}: {e.args[0]} (the inputs of {args.library})") from None
+    except ValueError as e:
+        raise ConversionError(f"{args.data}: {_first_line(e)}") from None
     outs = outs if isinstance(outs, list | tuple) else [outs]
     for spec, o in zip(art.outputs, outs, strict=False):
         print(f"{spec['name']}: {o.dtype}{list(o.shape)} mean {float(np.mean(o)):.6g}")
     if args.out:
         np.savez(args.out, **{spec["name"]: o for spec, o in zip(art.outputs, outs, strict=False)})
     return 0
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _run_passes(_args) -> int:
