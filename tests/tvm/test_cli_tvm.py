@@ -1,4 +1,4 @@
-"""``ivit-onnx compile`` / ``ivit-onnx run`` end to end on a small integer chain, and their bad-input errors."""
+"""`ivit-onnx compile` and `ivit-onnx run` end to end on a small integer chain, and their errors."""
 
 from __future__ import annotations
 
