@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import Mlp, QuantPoint
+from .layers import Mlp, QKVAttention, QuantPoint
 
 
 def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
@@ -45,27 +45,15 @@ def shifted_window_mask(H: int, W: int, window: int, shift: int) -> torch.Tensor
     return torch.where(diff != 0, torch.tensor(-100.0), torch.tensor(0.0))
 
 
-class WindowAttention(nn.Module):
+class WindowAttention(QKVAttention):
     """Multi-head attention inside a window, with a learned relative-position bias (and shift mask)."""
 
     def __init__(self, dim: int, num_heads: int, window: int, masked: bool):
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = (dim // num_heads) ** -0.5
+        super().__init__(dim, num_heads)
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, num_heads))
         self.register_buffer("relative_position_index", relative_position_index(window), persistent=False)
         self.q_bias = QuantPoint()
         self.q_mask = QuantPoint() if masked else None
-        self.qkv = nn.Linear(dim, dim * 3)
-        self.q_qkv = QuantPoint("qkv")
-        self.q_q = QuantPoint("qkv_split")
-        self.q_k = QuantPoint("qkv_split")
-        self.q_v = QuantPoint("qkv_split")
-        self.q_scores = QuantPoint("scores")
-        self.q_prob = QuantPoint("prob")
-        self.q_ctx = QuantPoint()
-        self.proj = nn.Linear(dim, dim)
-        self.q_proj = QuantPoint()
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
     def relative_position_bias(self) -> torch.Tensor:
@@ -75,18 +63,14 @@ class WindowAttention(nn.Module):
         return bias.view(n, n, -1).permute(2, 0, 1).unsqueeze(0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        B_, N, C = x.shape
-        qkv = self.q_qkv(self.qkv(x)).reshape(B_, N, 3, self.num_heads, C // self.num_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        q, k, v = self.q_q(q), self.q_k(k), self.q_v(v)
+        N = x.shape[1]
+        q, k, v = self.split_qkv(x)
         attn = (q @ k.transpose(-2, -1)) * self.scale + self.relative_position_bias()
         if mask is not None:
             windows = mask.shape[0]
             attn = attn.view(-1, windows, self.num_heads, N, N) + self.q_mask(mask).unsqueeze(1).unsqueeze(0)
             attn = attn.view(-1, self.num_heads, N, N)
-        attn = self.q_prob(self.q_scores(attn).softmax(dim=-1))
-        x = self.q_ctx(attn @ v).transpose(1, 2).reshape(B_, N, C)
-        return self.q_proj(self.proj(x))
+        return self.project(self.q_prob(self.q_scores(attn).softmax(dim=-1)), v, x.shape)
 
 
 class SwinTransformerBlock(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import Mlp, QuantPoint
+from .layers import Mlp, QKVAttention, QuantPoint
 
 
 class PatchEmbed(nn.Module):
@@ -22,35 +22,13 @@ class PatchEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
-class Attention(nn.Module):
+class Attention(QKVAttention):
     """Multi-head self-attention written the timm way (qkv Linear, reshape/permute, scaled softmax)."""
 
-    def __init__(self, dim: int, num_heads: int):
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim {dim} is not a multiple of num_heads {num_heads}")
-        self.num_heads = num_heads
-        self.scale = (dim // num_heads) ** -0.5
-        self.qkv = nn.Linear(dim, dim * 3)
-        self.q_qkv = QuantPoint("qkv")
-        self.q_q = QuantPoint("qkv_split")
-        self.q_k = QuantPoint("qkv_split")
-        self.q_v = QuantPoint("qkv_split")
-        self.q_scores = QuantPoint("scores")
-        self.q_prob = QuantPoint("prob")
-        self.q_ctx = QuantPoint()
-        self.proj = nn.Linear(dim, dim)
-        self.q_proj = QuantPoint()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, C = x.shape
-        qkv = self.q_qkv(self.qkv(x)).reshape(B, N, 3, self.num_heads, C // self.num_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        q, k, v = self.q_q(q), self.q_k(k), self.q_v(v)
+        q, k, v = self.split_qkv(x)
         attn = self.q_scores((q @ k.transpose(-2, -1)) * self.scale)
-        attn = self.q_prob(attn.softmax(dim=-1))
-        x = self.q_ctx(attn @ v).transpose(1, 2).reshape(B, N, C)
-        return self.q_proj(self.proj(x))
+        return self.project(self.q_prob(attn.softmax(dim=-1)), v, x.shape)
 
 
 class Block(nn.Module):
