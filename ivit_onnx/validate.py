@@ -236,7 +236,8 @@ class Validation:
         # u8_gemm None: the runner's default (re-encode for the library only); --int8-gemm: never
         factory = lambda b, m, t: make_runner(b, m, t, u8_gemm=False if a.int8_gemm else None)  # noqa: E731
         self.runners = self._start([(b, factory, model) for b in a.backends])
-        self.info["backend_notes"] = {b: r.describe() for b, r in self.runners.items() if r.describe()}
+        notes = {b: r.describe() for b, r in self.runners.items()}
+        self.info["backend_notes"] = {b: note for b, note in notes.items() if note}
         self.refs = self._start([(label, lambda _b, m, t: OrtRunner(m, "onnxruntime", t), m)
                                  for label, m in (("fake-quant", fq), ("fp32", fp32)) if m is not None])
         pairs = [(label, self._pair(model, r.model)) for label, r in self.refs.items()]

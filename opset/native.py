@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 _CODES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3}
-_I64P = ctypes.POINTER(ctypes.c_int64)
 _ARGS = {  # kernel -> argument kinds: p pointer, i int64, c dtype code / thread count (int)
     "ivit_requantize": "pciiiippiiipcc",
     "ivit_iadd": "pcpciiiiiiiiiipcc",
@@ -106,11 +105,10 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _call(op: str, name: str, *args) -> bool:
+def _call(op: str, name: str, *args) -> None:
     if getattr(_LIB, name)(*args) != 0:
         raise RuntimeError(f"{op}: native kernel rejected its dtypes")  # _CODES admitted them: a bug
     STATS[f"{op}/native"] += 1
-    return True
 
 
 def _prep(x, y_zero_point, *others):

@@ -182,15 +182,16 @@ struct Rescale {  // clip(((t + h) >> c) + zy, lo, hi)
   i64 operator()(i64 t, i64 h, i64 c) const { return clip(((t + h) >> c) + zy, lo, hi); }
 };
 
-template <class TI, class TO>
-void requantize_run(const TI* __restrict x, TO* __restrict y, i64 len, i64 zx, i64 b, i64 h, i64 c, Rescale rs) {
-  for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs((static_cast<i64>(x[j]) - zx) * b, h, c));
+// y = rs(f(x) * b): the one loop of Requantize (f(v) = v - zx) and ShiftGELU (f(v) = v * sg(v)).
+template <class TI, class TO, class F>
+void rescale_run(const TI* __restrict x, TO* __restrict y, i64 len, F f, i64 b, i64 h, i64 c, Rescale rs) {
+  for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs(f(static_cast<i64>(x[j])) * b, h, c));
 }
 
-template <class TI, class TO>
-void requantize_row(const TI* __restrict x, TO* __restrict y, i64 len, i64 zx, const i64* __restrict b,
-                    const i64* __restrict h, const i64* __restrict c, Rescale rs) {
-  for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs((static_cast<i64>(x[j]) - zx) * b[j], h[j], c[j]));
+template <class TI, class TO, class F>
+void rescale_row(const TI* __restrict x, TO* __restrict y, i64 len, F f, const i64* __restrict b,
+                 const i64* __restrict h, const i64* __restrict c, Rescale rs) {
+  for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs(f(static_cast<i64>(x[j])) * b[j], h[j], c[j]));
 }
 
 template <class TA, class TB, class TO>
@@ -200,30 +201,12 @@ void iadd_run(const TA* __restrict a, const TB* __restrict b, TO* __restrict y, 
     y[j] = static_cast<TO>(rs((static_cast<i64>(a[j]) - za) * ma + (static_cast<i64>(b[j]) - zb) * mb, h, c));
 }
 
-template <class TI, class TO>
-void gelu_run(const TI* __restrict x, TO* __restrict y, i64 len, const i64* __restrict mid, i64 last, i64 b,
-              i64 h, i64 c, Rescale rs) {
-  for (i64 j = 0; j < len; ++j) {
-    const i64 v = x[j];
-    y[j] = static_cast<TO>(rs(v * mid[std::clamp<i64>(v, -last, last)] * b, h, c));
-  }
-}
-
-template <class TI, class TO>
-void gelu_row(const TI* __restrict x, TO* __restrict y, i64 len, const i64* __restrict mid, i64 last,
-              const i64* __restrict b, const i64* __restrict h, const i64* __restrict c, Rescale rs) {
-  for (i64 j = 0; j < len; ++j) {
-    const i64 v = x[j];
-    y[j] = static_cast<TO>(rs(v * mid[std::clamp<i64>(v, -last, last)] * b[j], h[j], c[j]));
-  }
-}
-
-template <class TI>
-i64 softmax_exps(const TI* __restrict x, i64* __restrict e, i64 len, i64 mx, const i64* __restrict lut,
-                 i64 last) {
+// e = exp_of(max - x) over a row, and its sum
+template <class TI, class F>
+i64 softmax_exps(const TI* __restrict x, i64* __restrict e, i64 len, i64 mx, F exp_of) {
   i64 sum = 0;
   for (i64 j = 0; j < len; ++j) {
-    e[j] = lut[std::min<i64>(mx - x[j], last)];
+    e[j] = exp_of(mx - x[j]);
     sum += e[j];
   }
   return sum;
@@ -256,13 +239,11 @@ std::vector<i64> halves(const i64* c, i64 n) {
   return h;
 }
 
-}  // namespace
-
-extern "C" {
-
-// y = clip(round_shift((x - zx) * b[ch], c[ch]) + zy, qmin, qmax); ch = (i / inner) % nc; 0 <= c <= 62.
-int ivit_requantize(const void* x, int ti, i64 outer, i64 nc, i64 inner, i64 zx, const i64* b, const i64* c,
-                    i64 zy, i64 qmin, i64 qmax, void* y, int to, int threads) {
+// y = clip(round_shift(f(x) * b[ch], c[ch]) + zy, qmin, qmax) over an (outer, nc, inner) tensor, 0 <= c <= 62.
+// setup(xs, total, run) picks f for the input (it may scan xs first) and calls run(f).
+template <class Setup>
+int rescale_each(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* b, const i64* c, i64 zy,
+                 i64 qmin, i64 qmax, void* y, int to, int threads, Setup setup) {
   const std::vector<i64> half = halves(c, nc);
   const i64* h = half.data();
   const Rescale rs{zy, qmin, qmax};
@@ -271,11 +252,24 @@ int ivit_requantize(const void* x, int ti, i64 outer, i64 nc, i64 inner, i64 zx,
     using TO = decltype(to_);
     const TI* xs = as<TI>(x);
     TO* ys = static_cast<TO*>(y);
-    channel_segments(
-        outer, nc, inner, threads,
-        [&](i64 i, i64 len, i64 ch) { requantize_run(xs + i, ys + i, len, zx, b[ch], h[ch], c[ch], rs); },
-        [&](i64 i) { requantize_row(xs + i, ys + i, nc, zx, b, h, c, rs); });
+    setup(xs, outer * nc * inner, [&](auto f) {
+      channel_segments(
+          outer, nc, inner, threads,
+          [&](i64 i, i64 len, i64 ch) { rescale_run(xs + i, ys + i, len, f, b[ch], h[ch], c[ch], rs); },
+          [&](i64 i) { rescale_row(xs + i, ys + i, nc, f, b, h, c, rs); });
+    });
   }) ? 0 : 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+// y = clip(round_shift((x - zx) * b[ch], c[ch]) + zy, qmin, qmax); ch = (i / inner) % nc; 0 <= c <= 62.
+int ivit_requantize(const void* x, int ti, i64 outer, i64 nc, i64 inner, i64 zx, const i64* b, const i64* c,
+                    i64 zy, i64 qmin, i64 qmax, void* y, int to, int threads) {
+  return rescale_each(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to, threads,
+                      [&](const auto*, i64, auto run) { run([zx](i64 v) { return v - zx; }); });
 }
 
 // y = clip(round_shift((a - za) * ma + (b - zb) * mb, c) + zy, qmin, qmax); b repeats every nb elements.
@@ -326,12 +320,9 @@ int ivit_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x0, i64 
         const TI* xr = as<TI>(x) + r * len;
         i64 mx = xr[0];
         for (i64 j = 1; j < len; ++j) mx = std::max<i64>(mx, xr[j]);
-        i64 sum = 0;
-        if (size) {
-          sum = softmax_exps(xr, e.data(), len, mx, lut, size - 1);
-        } else {
-          for (i64 j = 0; j < len; ++j) sum += (e[j] = exp(static_cast<i64>(xr[j]) - mx));
-        }
+        const i64 sum = size ? softmax_exps(xr, e.data(), len, mx, [lut, size](i64 a) {
+          return lut[std::min<i64>(a, size - 1)];
+        }) : softmax_exps(xr, e.data(), len, mx, [&exp](i64 a) { return exp(-a); });
         softmax_out(e.data(), static_cast<TO*>(y) + r * len, len, floor_div(RECIP_M, sum), sh, zy);
       }
     });
@@ -342,47 +333,31 @@ int ivit_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x0, i64 
 // y = clip(round_shift(x * sg * b[ch], c[ch]) + zy, qmin, qmax); ch = (i / inner) % nc; 0 <= c <= 62.
 int ivit_shiftgelu(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* b, const i64* c, i64 zy,
                    i64 x0, i64 n, i64 bits, i64 qmin, i64 qmax, void* y, int to, int threads) {
-  const std::vector<i64> half = halves(c, nc);
-  const i64* h = half.data();
-  const Rescale rs{zy, qmin, qmax};
-  return with_types(ti, to, [&](auto ti_, auto to_) {
-    using TI = decltype(ti_);
-    using TO = decltype(to_);
-    const Exp exp(x0, n);
-    const i64 top = exp(0), sh = 62 - bits;  // shift_exp(0) = x0 * 2**n
-    // m = max(v, 0): for v >= 0, e1 = shift_exp(0) and e2 = shift_exp(-v); for v < 0, e1 = shift_exp(v)
-    // and e2 = shift_exp(0). Either way one exp of -|v|, so sg depends on v alone: tabulate it over
-    // |v| up to the clamp point (beyond it, sg(v) = sg(+-last)).
-    auto sigmoid = [&](i64 v) {
-      const i64 other = exp(v < 0 ? v : -v);
-      const i64 e1 = v >= 0 ? top : other, e2 = v >= 0 ? other : top;
-      return shr(e1 * recip(e1 + e2), sh);
-    };
-    const TI* xs = as<TI>(x);
-    TO* ys = static_cast<TO*>(y);
-    i64 lo, hi;
-    min_max(xs, outer * nc * inner, lo, hi);
-    const i64 total = outer * nc * inner, size = table_size(exp, std::max(hi, -lo), total / 2);
-    if (!size) {
-      channel_segments(
-          outer, nc, inner, threads,
-          [&](i64 i, i64 len, i64 ch) {
-            for (i64 j = i; j < i + len; ++j) ys[j] = static_cast<TO>(rs(xs[j] * sigmoid(xs[j]) * b[ch], h[ch], c[ch]));
-          },
-          [&](i64 i) {
-            for (i64 j = 0; j < nc; ++j) ys[i + j] = static_cast<TO>(rs(xs[i + j] * sigmoid(xs[i + j]) * b[j], h[j], c[j]));
-          });
-      return;
-    }
-    const i64 last = size - 1;
-    std::vector<i64> table(2 * last + 1);
-    for (i64 v = -last; v <= last; ++v) table[v + last] = sigmoid(v);
-    const i64* mid = table.data() + last;
-    channel_segments(
-        outer, nc, inner, threads,
-        [&](i64 i, i64 len, i64 ch) { gelu_run(xs + i, ys + i, len, mid, last, b[ch], h[ch], c[ch], rs); },
-        [&](i64 i) { gelu_row(xs + i, ys + i, nc, mid, last, b, h, c, rs); });
-  }) ? 0 : 1;
+  const Exp exp(x0, n);
+  const i64 top = exp(0), sh = 62 - bits;  // shift_exp(0) = x0 * 2**n
+  // m = max(v, 0): for v >= 0, e1 = shift_exp(0) and e2 = shift_exp(-v); for v < 0, e1 = shift_exp(v)
+  // and e2 = shift_exp(0). Either way one exp of -|v|, so sg depends on v alone: tabulate it over
+  // |v| up to the clamp point (beyond it, sg(v) = sg(+-last)).
+  auto sigmoid = [&](i64 v) {
+    const i64 other = exp(v < 0 ? v : -v);
+    const i64 e1 = v >= 0 ? top : other, e2 = v >= 0 ? other : top;
+    return shr(e1 * recip(e1 + e2), sh);
+  };
+  return rescale_each(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to, threads,
+                      [&](const auto* xs, i64 total, auto run) {
+                        i64 lo, hi;
+                        min_max(xs, total, lo, hi);
+                        const i64 size = table_size(exp, std::max(hi, -lo), total / 2);
+                        if (!size) {
+                          run([&sigmoid](i64 v) { return v * sigmoid(v); });
+                          return;
+                        }
+                        const i64 last = size - 1;
+                        std::vector<i64> table(2 * last + 1);
+                        for (i64 v = -last; v <= last; ++v) table[v + last] = sigmoid(v);
+                        const i64* mid = table.data() + last;
+                        run([mid, last](i64 v) { return v * mid[std::clamp<i64>(v, -last, last)]; });
+                      });
 }
 
 // ILayerNorm over rows of `len` (b, c, bias per channel of the last axis, or one value when nc == 1).
