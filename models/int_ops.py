@@ -1,0 +1,141 @@
+"""The private opset's integer kernels in torch (int64), bit-exact twins of the numpy references in opset/.
+
+Each kernel takes and returns torch tensors with the reference's signature (``y_zero_point``'s dtype is
+the output dtype) and the same arithmetic: int64 throughout, floor semantics, one rounding rule
+(``round_shift``). ``ste(exact, approx)`` is the straight-through estimator the QAT modules use: the value
+of the exact integer result with the gradient of the float function it approximates (I-ViT Sec. 3).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ivit_onnx.opset._int import RECIP_M
+from ivit_onnx.opset.ilayernorm import SQRT_STEPS
+
+I64 = torch.int64
+_POW2 = torch.tensor([1 << k for k in range(63)], dtype=I64)
+
+
+def i64(x) -> Tensor:
+    return torch.as_tensor(x).to(I64)
+
+
+def pow2(c) -> Tensor:
+    """``2**c`` as int64 (``0 <= c <= 62``)."""
+    return torch.bitwise_left_shift(torch.ones((), dtype=I64), i64(c))
+
+
+def floor_div(a, d) -> Tensor:
+    """``floor(a / d)`` for positive ``d``."""
+    return torch.div(i64(a), i64(d), rounding_mode="floor")
+
+
+def round_shift(t, c) -> Tensor:
+    """``floor((t + floor(2**c / 2)) / 2**c)``: round half up."""
+    p = pow2(c)
+    return floor_div(i64(t) + p // 2, p)
+
+
+def saturate(y: Tensor, qmin: int, qmax: int, like: Tensor) -> Tensor:
+    return y.clamp(qmin, qmax).to(like.dtype)
+
+
+def _row_sum(x: Tensor) -> Tensor:
+    return x.sum(dim=-1, keepdim=True, dtype=I64)
+
+
+def requantize(x, x_zero_point, multiplier, shift, y_zero_point, *, qmin: int, qmax: int) -> Tensor:
+    """``clip(round_shift((x - zx) * b, c) + zy, qmin, qmax)`` (opset ``Requantize``)."""
+    t = (i64(x) - i64(x_zero_point)) * i64(multiplier)
+    return saturate(round_shift(t, shift) + i64(y_zero_point), qmin, qmax, y_zero_point)
+
+
+def iadd(
+    a, b, a_zero_point, b_zero_point, a_multiplier, b_multiplier, shift, y_zero_point, *, qmin: int, qmax: int
+) -> Tensor:
+    """``clip(round_shift((a-za)*ma + (b-zb)*mb, c) + zy, qmin, qmax)`` (opset ``IAdd``)."""
+    t = (i64(a) - i64(a_zero_point)) * i64(a_multiplier) + (i64(b) - i64(b_zero_point)) * i64(b_multiplier)
+    return saturate(round_shift(t, shift) + i64(y_zero_point), qmin, qmax, y_zero_point)
+
+
+def shift_exp(d: Tensor, x0: int, n: int) -> Tensor:
+    """ShiftExp of int64 ``d <= 0``: ``~ 2**n * x0 * e**(d/x0)`` (opset ``shift_exp``)."""
+    p = d + floor_div(d, 2) - floor_div(d, 16)
+    p = torch.clamp(p, min=-n * x0)
+    q = floor_div(-p, x0)
+    r = -p - q * x0
+    return (x0 + floor_div(-r, 2)) * pow2(n - q)
+
+
+def int_div(e: Tensor, s: Tensor, bits: int) -> Tensor:
+    """``e / s`` with ``bits`` fraction bits, for ``0 <= e <= s`` (opset ``int_div``)."""
+    return (e * floor_div(torch.full_like(s, RECIP_M), s)) >> (62 - bits)
+
+
+def shiftmax(x, y_zero_point, *, x0: int, n: int, bits: int) -> Tensor:
+    """Integer softmax over the last axis (opset ``Shiftmax``)."""
+    x = i64(x)
+    e = shift_exp(x - x.amax(dim=-1, keepdim=True), x0, n)
+    return (int_div(e, _row_sum(e), bits) + i64(y_zero_point)).to(y_zero_point.dtype)
+
+
+def shiftgelu(
+    x, multiplier, shift, y_zero_point, *, x0: int, n: int, bits: int, qmin: int, qmax: int
+) -> Tensor:
+    """``x * sigmoid(1.702 x)`` with shift-exps, requantized by ``b / 2**c`` (opset ``ShiftGELU``)."""
+    x = i64(x)
+    m = torch.clamp(x, min=0)
+    e1, e2 = shift_exp(x - m, x0, n), shift_exp(-m, x0, n)
+    sg = int_div(e1, e1 + e2, bits)
+    y = round_shift(x * sg * i64(multiplier), shift) + i64(y_zero_point)
+    return saturate(y, qmin, qmax, y_zero_point)
+
+
+def isqrt(v: Tensor) -> Tensor:
+    """Exact ``floor(sqrt(v))`` for ``1 <= v < 2**62`` by the opset's fixed-step Newton iteration."""
+    nbits = (v.unsqueeze(-1) >= _POW2).sum(dim=-1, dtype=I64)
+    r = pow2(floor_div(nbits + 1, 2))
+    for _ in range(SQRT_STEPS):
+        r = torch.minimum(r, floor_div(r + floor_div(v, r), 2))
+    return r
+
+
+def ilayernorm(
+    x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int, qmin: int, qmax: int
+) -> Tensor:
+    """Integer LayerNorm over the last axis, gamma/beta folded (opset ``ILayerNorm``)."""
+    x = i64(x)
+    d = x * (1 << shift_in) - floor_div(_row_sum(x) * (1 << shift_in), x.shape[-1])
+    r = isqrt(torch.clamp(_row_sum(d * d), min=1))
+    u = floor_div(d * floor_div(torch.full_like(r, 1 << 61), r), 1 << (61 - p))
+    y = round_shift(u * i64(multiplier) + i64(bias), shift) + i64(y_zero_point)
+    return saturate(y, qmin, qmax, y_zero_point)
+
+
+#: op_type -> torch kernel, keyed like ``ivit_onnx.opset.OPS``
+KERNELS = {
+    "Requantize": requantize,
+    "IAdd": iadd,
+    "Shiftmax": shiftmax,
+    "ShiftGELU": shiftgelu,
+    "ILayerNorm": ilayernorm,
+}
+
+
+class _STE(torch.autograd.Function):
+    """Forward: the exact value; backward: the gradient of the float approximation, unchanged."""
+
+    @staticmethod
+    def forward(ctx, approx: Tensor, exact: Tensor) -> Tensor:
+        return exact.detach().to(approx.dtype).clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad, None
+
+
+def ste(exact: Tensor, approx: Tensor) -> Tensor:
+    """``exact``'s value, ``approx``'s gradient (straight-through through the float function)."""
+    return _STE.apply(approx, exact)
