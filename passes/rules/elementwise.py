@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ivit_onnx import qparams
 from ivit_onnx.affine import Affine, dtype_range
 
 from .linear import add_bias
@@ -13,29 +14,12 @@ from .lowerer import Lowerer, Outcome
 _ACC = np.dtype(np.int32)
 
 
-def _shift_for(ratio: np.ndarray, bound: int) -> int:
-    """Largest shift ``c`` keeping ``bound * ratio * 2**c`` within a signed 61-bit sum term."""
-    top = float(np.max(ratio)) * max(bound, 1)
-    return int(min(62, np.floor(60 - np.log2(top))))
-
-
 def iadd(lw: Lowerer, a_in, b_in, t: Affine | None, out_tensor: gs.Tensor, hint: str = "add"):
     (ia, a), (ib, b) = a_in, b_in
     if t is None:  # no QuantizeLinear after it: an int32 sum at the finest scale
-        s = float(min(a.scale.min(), b.scale.min()))
-        t = Affine(
-            np.float64(s),
-            0,
-            np.int32,
-            bound=min(int(a.bound * a.scale.max() / s + b.bound * b.scale.max() / s) + 2, 2**31 - 1),
-        )
-    ra, rb = a.scale / t.scale, b.scale / t.scale
-    c = min(_shift_for(ra, a.bound), _shift_for(rb, b.bound))
-    if c < 0:
-        raise ValueError(f"{lw.node_hint}: scale ratio too large for IAdd")
-    ma = np.rint(np.ldexp(ra, c)).astype(np.int64)
-    mb = np.rint(np.ldexp(rb, c)).astype(np.int64)
-    for m, r in ((ma, ra), (mb, rb)):
+        t = qparams.iadd_type(a, b)
+    ma, mb, c = qparams.iadd(a, b, t)
+    for m, r in ((ma, a.scale / t.scale), (mb, b.scale / t.scale)):
         lw.max_dyadic_error = max(lw.max_dyadic_error, float(np.max(np.abs(np.ldexp(m, -c) - r) / r)))
     lo, hi = dtype_range(t.dtype)
     out = lw.private(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ivit_onnx.affine import Affine, dtype_range
+from ivit_onnx import qparams
+from ivit_onnx.affine import Affine
 
 from .lowerer import Lowerer, Outcome
 
@@ -74,12 +75,7 @@ def concat(lw: Lowerer, node: gs.Node) -> Outcome:
         return Outcome.FLOAT
     t = lw.target(node.outputs[0])
     if t is None:  # the widest input type, at the finest scale that still holds every input's range
-        types = [lw.per_tensor(*o)[1] for o in ops if o is not None]
-        dt = max(
-            (np.dtype(np.int16) if a.dtype == np.uint8 else a.dtype for a in types), key=lambda d: d.itemsize
-        )
-        reach = max(float(a.scale) * a.bound for a in types)
-        t = Affine(np.float64(max(min(float(a.scale) for a in types), reach / dtype_range(dt)[1])), 0, dt)
+        t = qparams.concat_type([lw.per_tensor(*o)[1] for o in ops if o is not None])
     ints = []
     for tensor, o in zip(node.inputs, ops, strict=True):
         o = o if o is not None else lw.operand(tensor)

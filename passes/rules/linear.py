@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ivit_onnx import qparams
 from ivit_onnx.affine import Affine
 from ivit_onnx.graph import const_array
 
@@ -21,6 +22,33 @@ _INT32_MAX = 2**31 - 1
 def _macs(shape_out, k: int) -> int:
     dims = [d if isinstance(d, int) and d > 0 else 1 for d in (shape_out or [])]
     return int(np.prod(dims)) * int(k)
+
+
+def _narrowed(lw: Lowerer, it, a: Affine, bits: int):
+    """``it`` requantized so that ``|q| < 2**bits`` covers its whole bound (the same real range)."""
+    qmax = 2**bits - 1
+    if a.bound <= qmax:
+        return it, a
+    t = Affine(a.scale * (a.bound / qmax), 0, np.int16 if bits <= 15 else np.int32, bound=qmax + 1)
+    return lw.requantize(it, a, t, "narrow"), t
+
+
+def _fit_int32(lw: Lowerer, a_in, b_in, k: int):
+    """Operands narrowed until ``k * max|a| * max|b|`` fits an int32 accumulator: wide operands (int32
+    accumulators of unquantized activations, as PT2E and Brevitas leave attention matmuls) would wrap."""
+    (_, a), (_, b) = a_in, b_in
+    if (a.dtype in _EIGHT_BIT and b.dtype in _EIGHT_BIT) or (max(a.bound, b.bound) <= 2**15 and k is None):
+        return a_in, b_in  # MatMulInteger, or the int16 operands this converter was first written for
+    if k is None:
+        raise ValueError("MatMul of wide operands with an unknown contraction length (int32 overflow)")
+    if k * a.bound * b.bound <= _INT32_MAX:
+        return a_in, b_in
+    budget = int(np.floor(np.log2(_INT32_MAX / max(k, 1))))
+    need_a, need_b = (max(1, int(x.bound).bit_length()) for x in (a, b))
+    bits_a = min(need_a, max(budget - need_b, budget // 2))
+    bits_b = min(need_b, budget - bits_a)
+    lw.ctx.count("lower_integer", "MatMul operands narrowed to fit int32")
+    return _narrowed(lw, *a_in, bits_a), _narrowed(lw, *b_in, bits_b)
 
 
 def _integer_matmul(lw: Lowerer, a_in, b_in, k: int, hint: str, out_shape):
@@ -40,9 +68,7 @@ def _integer_matmul(lw: Lowerer, a_in, b_in, k: int, hint: str, out_shape):
         cb = lw.node("Cast", [ib], np.int32, "cast_b", attrs={"to": np.int32})
         out = lw.node("MatMul", [ca, cb], np.int32, hint, shape=out_shape)
         lw.ctx.count("lower_integer", "MatMul int32")
-    scale = a.scale * b.scale
-    bound = min(k * a.bound * b.bound, _INT32_MAX)
-    return out, Affine(scale, 0, np.int32, bound=bound)
+    return out, qparams.accumulator(a, b, k)
 
 
 def _weight_operand(lw: Lowerer, t: gs.Tensor):
@@ -63,8 +89,10 @@ def matmul(lw: Lowerer, node: gs.Node) -> Outcome:
     if a_in is None or b_in is None:
         return Outcome.FLOAT
     a_in = lw.per_tensor(*a_in)
-    shape_b = b_in[0].shape
-    k = shape_b[-2] if shape_b is not None and isinstance(shape_b[-2], int) else 1
+    shape_a, shape_b = a_in[0].shape, b_in[0].shape
+    k = next((d for d in ((shape_b or [None, None])[-2], (shape_a or [None])[-1]) if isinstance(d, int)), None)
+    a_in, b_in = _fit_int32(lw, a_in, b_in, k)
+    k = k or 1
     out, t = _integer_matmul(lw, a_in, b_in, k, "matmul", node.outputs[0].shape)
     lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + _macs(node.outputs[0].shape, k)
     lw.set(node.outputs[0], out, t)
@@ -73,15 +101,10 @@ def matmul(lw: Lowerer, node: gs.Node) -> Outcome:
 
 def add_bias(lw: Lowerer, it: gs.Tensor, a: Affine, bias: np.ndarray, hint: str):
     """``acc + bias`` in int32, the bias rounded to the accumulator's scale (int32, as I-ViT)."""
-    q = np.rint(bias.astype(np.float64) / a.scale)
-    if np.max(np.abs(q), initial=0) > _INT32_MAX:
-        raise ValueError(f"{lw.node_hint}: bias does not fit int32 at scale {a.describe()}")
-    q = q.astype(np.int32)
+    q, t = qparams.bias(a, bias)
     out = lw.node("Add", [it, lw.const(q, "bias")], np.int32, hint, shape=it.shape)
     lw.ctx.count("lower_integer", "bias Add (int32)")
-    return out, Affine(
-        a.scale, 0, np.int32, bound=min(a.bound + int(np.max(np.abs(q), initial=0)), _INT32_MAX)
-    )
+    return out, t
 
 
 def gemm(lw: Lowerer, node: gs.Node) -> Outcome:
@@ -98,7 +121,8 @@ def gemm(lw: Lowerer, node: gs.Node) -> Outcome:
         w = w.T
         scale = scale.reshape(-1) if scale.size > 1 else scale
     b_in = (lw.const(np.ascontiguousarray(w), "weight"), Affine(scale, b.zero_point, b.dtype, b.bound))
-    out, t = _integer_matmul(lw, lw.per_tensor(*a_in), b_in, w.shape[0], "gemm", node.outputs[0].shape)
+    a_in, b_in = _fit_int32(lw, lw.per_tensor(*a_in), b_in, w.shape[0])
+    out, t = _integer_matmul(lw, a_in, b_in, w.shape[0], "gemm", node.outputs[0].shape)
     t = t.scaled(float(node.attrs.get("alpha", 1.0)))
     if len(node.inputs) > 2 and node.inputs[2].name:
         bias = lw.const_float(node.inputs[2])

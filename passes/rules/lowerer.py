@@ -12,8 +12,9 @@ import enum
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ivit_onnx import qparams
 from ivit_onnx.affine import Affine, dtype_range
-from ivit_onnx.dyadic import DyadicError, dyadic_array, multiplier_bits, relative_error
+from ivit_onnx.dyadic import DyadicError, dyadic_array, relative_error
 from ivit_onnx.errors import ConversionError
 from ivit_onnx.graph import const_array, dequantized_const, node_label
 from ivit_onnx.opset import DOMAIN, OPS
@@ -172,8 +173,7 @@ class Lowerer:
         """Rescale ``it`` from type ``a`` to ``t`` (a no-op when the types agree)."""
         if a.same_as(t):
             return it
-        ratio = np.broadcast_to(a.scale / t.scale, np.broadcast_shapes(a.scale.shape, t.scale.shape))
-        b, c = self.dyadic(ratio, multiplier_bits(a.bound), "requantize multiplier")
+        b, c = qparams.requantize(a, t, self.dyadic)
         qmin, qmax = t.qrange
         shape = it.shape if isinstance(it, gs.Variable) else None
         return self.private(
@@ -196,10 +196,7 @@ class Lowerer:
         """Per-channel (accumulator) types become per-tensor int32 at the finest channel scale."""
         if a.per_tensor:
             return it, a
-        s = float(a.scale.min())
-        t = Affine(
-            np.float64(s), 0, np.int32, bound=min(int(a.bound * float(a.scale.max()) / s) + 1, 2**31 - 1)
-        )
+        t = qparams.per_tensor(a)
         return self.requantize(it, a, t, "per_tensor"), t
 
     def symmetric(self, it: gs.Tensor, a: Affine) -> tuple[gs.Tensor, Affine]:

@@ -1,0 +1,231 @@
+"""The integer parameters of every lowered op, derived from affine types: one place, two users.
+
+The converter's rules (``passes/rules``) and the QAT modules (``models/qat.py``) both call these, so
+the shift-exp ``n``, the exp grid ``x0``, the output bits and every dyadic pair of a model trained with
+QAT are, by construction, those ``ivit-onnx rewrite`` writes into its integer graph. Each function
+takes the input's :class:`~ivit_onnx.affine.Affine` type (scale, zero point, dtype, bound) and the
+target type (the following QuantizeLinear's, or ``None``) and returns the op's parameters and output
+type. ``dy`` is the dyadic approximation (``dyadic_array``'s signature); the converter passes one that
+also records the error for its report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .affine import Affine, dtype_range
+from .dyadic import dyadic_array, multiplier_bits
+from .opset.shift_exp import max_n
+
+INT32_MAX = 2**31 - 1
+#: Shiftmax output bits when the next QuantizeLinear's scale is not a power of two (int32, then requantized)
+SOFTMAX_DEFAULT_BITS = 16
+#: ShiftExp multiplies by 1.0111b = 1.4375 for log2(e); choosing x0 = 1.4375 / (log2(e) * s) instead of the
+#: paper's round(1/s) cancels that 0.36 % slope error exactly (up to x0's rounding, < 0.05 % for x0 >= 1024)
+LOG2E_FIX = 1.4375 / math.log2(math.e)
+#: the GELU fold of I-ViT: sigmoid(1.702 x)
+GELU_SIGMOID = 1.702
+
+Dyadic = Callable[..., tuple[np.ndarray, np.ndarray]]
+
+
+def plain_dyadic(m, bits: int, what: str, allow_negative: bool = False):
+    """``dyadic_array`` with the converter's call signature (no error bookkeeping)."""
+    return dyadic_array(np.asarray(m), bits, what=what, allow_negative=allow_negative)
+
+
+# ---- rescales -------------------------------------------------------------------------------------------
+
+
+def requantize(a: Affine, t: Affine, dy: Dyadic = plain_dyadic) -> tuple[np.ndarray, np.ndarray]:
+    """``(b, c)`` of the Requantize from ``a`` to ``t``: ``b/2**c ~ s_a/s_t``, ``b`` sized by ``a.bound``."""
+    ratio = np.broadcast_to(a.scale / t.scale, np.broadcast_shapes(a.scale.shape, t.scale.shape))
+    return dy(ratio, multiplier_bits(a.bound), "requantize multiplier")
+
+
+def per_tensor(a: Affine) -> Affine:
+    """The per-tensor int32 type a per-channel accumulator is requantized to (its finest channel scale)."""
+    s = float(a.scale.min())
+    return Affine(
+        np.float64(s), 0, np.int32, bound=min(int(a.bound * float(a.scale.max()) / s) + 1, INT32_MAX)
+    )
+
+
+def accumulator(a: Affine, b: Affine, k: int) -> Affine:
+    """The int32 type of an integer MatMul/Conv of ``a`` and ``b`` over ``k`` products."""
+    return Affine(a.scale * b.scale, 0, np.int32, bound=min(k * a.bound * b.bound, INT32_MAX))
+
+
+def bias(a: Affine, value: np.ndarray) -> tuple[np.ndarray, Affine]:
+    """A float bias rounded to the accumulator's scale (int32, as I-ViT) and the type of ``acc + bias``."""
+    q = np.rint(value.astype(np.float64) / a.scale)
+    if np.max(np.abs(q), initial=0) > INT32_MAX:
+        raise ValueError(f"bias does not fit int32 at scale {a.describe()}")
+    q = q.astype(np.int32)
+    return q, Affine(a.scale, 0, np.int32, bound=min(a.bound + int(np.max(np.abs(q), initial=0)), INT32_MAX))
+
+
+def _shift_for(ratio: np.ndarray, bound: int) -> int:
+    """Largest shift ``c`` keeping ``bound * ratio * 2**c`` within a signed 61-bit sum term."""
+    top = float(np.max(ratio)) * max(bound, 1)
+    return int(min(62, np.floor(60 - np.log2(top))))
+
+
+def iadd_type(a: Affine, b: Affine) -> Affine:
+    """The output type of an IAdd with no QuantizeLinear after it: int32 at the finer scale."""
+    s = float(min(a.scale.min(), b.scale.min()))
+    bound = min(int(a.bound * a.scale.max() / s + b.bound * b.scale.max() / s) + 2, INT32_MAX)
+    return Affine(np.float64(s), 0, np.int32, bound=bound)
+
+
+def iadd(a: Affine, b: Affine, t: Affine) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(ma, mb, c)`` of an IAdd into ``t``: one shift for both ``s_a/s_t`` and ``s_b/s_t``."""
+    ra, rb = a.scale / t.scale, b.scale / t.scale
+    c = min(_shift_for(ra, a.bound), _shift_for(rb, b.bound))
+    if c < 0:
+        raise ValueError("scale ratio too large for IAdd")
+    return np.rint(np.ldexp(ra, c)).astype(np.int64), np.rint(np.ldexp(rb, c)).astype(np.int64), c
+
+
+def concat_type(types: list[Affine]) -> Affine:
+    """A Concat with no QuantizeLinear after it: the widest input type at a scale holding every input."""
+    dt = max(
+        (np.dtype(np.int16) if a.dtype == np.uint8 else a.dtype for a in types), key=lambda d: d.itemsize
+    )
+    reach = max(float(a.scale) * a.bound for a in types)
+    return Affine(np.float64(max(min(float(a.scale) for a in types), reach / dtype_range(dt)[1])), 0, dt)
+
+
+# ---- nonlinear ops --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Upscale:
+    """The exact integer upscale ``q * m`` (Requantize, shift 0) before a shift-exp; ``m == 1``: none."""
+
+    m: int
+    a: Affine  #: the type after it
+    x0_real: float  #: the exp grid on it
+
+
+def fine_grid(a: Affine, x0_real: float, min_x0: int) -> Upscale:
+    """Upscale until ``x0_real`` reaches ``min_x0`` (int32 bound permitting) so ``round(x0)`` is precise."""
+    m = max(1, math.ceil(min_x0 / x0_real))
+    if m > 1:
+        t = Affine(a.scale / m, 0, np.int32, bound=min(a.bound * m, INT32_MAX))
+        if a.bound * m >= 2**31:
+            m = max(1, INT32_MAX // max(a.bound, 1))
+            t = Affine(a.scale / m, 0, np.int32, bound=a.bound * m)
+        if m > 1:
+            return Upscale(m, t, x0_real * m)
+    return Upscale(1, a, x0_real * m)
+
+
+@dataclass(frozen=True)
+class ShiftmaxParams:
+    up: Upscale
+    x0: int
+    n: int
+    bits: int
+    t: Affine  #: output type
+
+
+def _pow2_bits(t: Affine | None) -> int | None:
+    """``k`` when ``t`` is per tensor with scale ``2**-k`` and room for ``zp + 2**k - 1``, else None."""
+    if t is None or not t.per_tensor:
+        return None
+    k = -math.log2(float(t.scale))
+    lo, hi = t.qrange
+    k = round(k) if abs(k - round(k)) < 1e-9 else 0
+    return k if 1 <= k <= 30 and t.zero_point >= lo and t.zero_point + 2**k - 1 <= hi else None
+
+
+def shiftmax(a: Affine, row: int, target: Affine | None, min_x0: int) -> ShiftmaxParams:
+    """Shiftmax of a per-tensor ``a`` in rows of ``row``, written at the target's ``2**-bits`` if it can."""
+    up = fine_grid(a, LOG2E_FIX / float(a.scale), min_x0)
+    x0 = int(round(up.x0_real))
+    bits = _pow2_bits(target)
+    if bits is None:
+        bits = SOFTMAX_DEFAULT_BITS
+        target = Affine(np.float64(2.0**-bits), 0, np.int32, bound=2**bits)
+    return ShiftmaxParams(up, x0, max_n(x0, row), bits, target)
+
+
+@dataclass(frozen=True)
+class ShiftGeluParams:
+    up: Upscale
+    x0: int
+    n: int
+    bits: int
+    multiplier: np.ndarray
+    shift: np.ndarray
+    t: Affine
+
+
+def shiftgelu(
+    a: Affine, target: Affine | None, min_x0: int, bits: int, dy: Dyadic = plain_dyadic
+) -> ShiftGeluParams:
+    """ShiftGELU of a symmetric per-tensor ``a``, requantized into ``target`` (int32 at ``a`` if None)."""
+    up = fine_grid(a, LOG2E_FIX / (GELU_SIGMOID * float(a.scale)), min_x0)
+    x0 = int(round(up.x0_real))
+    a = up.a
+    t = target or Affine(a.scale, 0, np.int32, bound=a.bound)
+    b, c = dy(float(a.scale) * 2.0**-bits / t.scale, multiplier_bits(a.bound << bits), "GELU rescale")
+    return ShiftGeluParams(up, x0, max_n(x0, 1), bits, b, c, t)
+
+
+@dataclass(frozen=True)
+class LayerNormParams:
+    pre: Affine | None  #: a narrower type to requantize the input to first (too wide for exact variance)
+    shift_in: int
+    p: int
+    multiplier: np.ndarray
+    shift: np.ndarray
+    bias: np.ndarray
+    t: Affine
+
+
+def layernorm(
+    a: Affine,
+    c_len: int,
+    gamma: np.ndarray,
+    beta: np.ndarray | None,
+    target: Affine | None,
+    p: int,
+    dy: Dyadic = plain_dyadic,
+) -> LayerNormParams:
+    """ILayerNorm over rows of ``c_len``: ``b/2**c ~ sqrt(C) gamma/(2**p s_y)``, ``bias ~ beta/s_y 2**c``."""
+    gamma = np.broadcast_to(gamma.astype(np.float64).reshape(-1), (c_len,))
+    beta = np.zeros(c_len) if beta is None else np.broadcast_to(beta.astype(np.float64).reshape(-1), (c_len,))
+    # C * (2 * bound * 2**shift_in)**2 < 2**62  (|x - floor(mean)| <= 2 * bound)
+    room = 61 - c_len.bit_length() - 2 * (2 * max(a.bound, 1)).bit_length()
+    shift_in = max(0, min(room // 2, 16))
+    pre = None
+    if room < 0:  # too wide an input for exact variance: shift it down first (LayerNorm is scale-free)
+        k = (-room + 1) // 2 + 1
+        pre = Affine(a.scale * 2.0**k, 0, np.int32, bound=(a.bound >> k) + 1)
+    t = target
+    if t is None:
+        top = float(np.max(np.abs(gamma))) * math.sqrt(c_len) + float(np.max(np.abs(beta)))
+        t = Affine(np.float64(top / 32767 if top > 0 else 1.0), 0, np.int16)
+    mult = math.sqrt(c_len) * gamma / (2.0**p * float(t.scale))
+    shifted_beta = beta / float(t.scale)
+    b = np.zeros(c_len, np.int64)
+    c = np.zeros(c_len, np.int64)
+    # |u| <= 2**p, and the bias is |beta/s_y / m| times the multiplier: each channel's multiplier width
+    # leaves room for both, so 2**p |b| + |bias| + 2**(c-1) < 2**62
+    with np.errstate(divide="ignore"):
+        ratio = np.where(mult != 0, np.abs(shifted_beta) / np.abs(mult), np.inf)
+    widths = np.array(
+        [61 - ((1 << p) + math.ceil(r) + 1).bit_length() if np.isfinite(r) else 0 for r in ratio]
+    )
+    widths = np.minimum(widths, 31)
+    for w in np.unique(widths[widths >= 8]):  # channels with |gamma| negligible next to beta keep b = 0
+        sel = widths == w
+        b[sel], c[sel] = dy(mult[sel], int(w), "LayerNorm gamma multiplier", allow_negative=True)
+    bias = np.rint(np.ldexp(shifted_beta, c)).astype(np.int64)
+    return LayerNormParams(pre, shift_in, p, b, c, bias, t)
