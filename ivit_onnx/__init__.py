@@ -3,7 +3,8 @@
 __version__ = "0.1.0"
 
 from .errors import ConversionError  # noqa: E402
-from .pipeline import Context, Options, Pass, Pipeline, Report, save_model  # noqa: E402
+from .io import save_model  # noqa: E402
+from .pipeline import Context, Options, Pass, Pipeline, Report  # noqa: E402
 from .rewrite import rewrite  # noqa: E402
 
 __all__ = [

@@ -1,21 +1,33 @@
-"""``ivit-onnx``: command-line front end (subcommands share argument groups, Polygraphy style).
+"""ivit-onnx: convert fake-quant ONNX vision transformers to integer-only ONNX; validate, compile, run them.
 
-Exit codes: 0 success, 1 a check failed, 2 bad input (one line on stderr, no traceback, no output file).
+Exit codes: 0 success, 1 a validate check failed, 2 bad input (one line on stderr starting with
+``ivit-onnx: error:``, no traceback, no output file).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
+import time
 
-from .errors import ConversionError
+from .errors import ConversionError, one_line, os_error_line, print_error
 
 BUNDLED = "digits"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line under the common prefix (exit 2)."""
+
+    def error(self, message: str):
+        print_error(f"{self.prog}: {message} (see {self.prog} --help)")
+        sys.exit(2)
+
+
 def _resolve_model(path: str) -> str:
-    """``digits`` names the bundled fake-quant demo model; anything else is a file path."""
-    if path == BUNDLED:
+    """``digits`` names the bundled fake-quant demo model (unless a file of that name exists)."""
+    if path == BUNDLED and not os.path.exists(path):
         from .models.bundled import default_model_path
 
         return str(default_model_path())
@@ -28,7 +40,7 @@ def _add_rewrite(sub) -> None:
         help="convert a fake-quant (QDQ) ONNX model to integer-only ONNX",
         description="Convert a fake-quant (QuantizeLinear/DequantizeLinear) ONNX vision transformer into an "
         "integer-only ONNX graph: scales fold into dyadic multipliers, MatMul/Gemm/Conv become "
-        "int8xint8->int32, Softmax/GELU/LayerNorm become Shiftmax/ShiftGELU/ILayerNorm of the "
+        "int8 x int8 -> int32, Softmax/GELU/LayerNorm become Shiftmax/ShiftGELU/ILayerNorm of the "
         "private opset ai.ivit (with ONNX function bodies, so stock onnxruntime runs the result).",
     )
     p.add_argument("model", help=f"input QDQ .onnx file, or '{BUNDLED}' for the bundled demo model")
@@ -44,8 +56,13 @@ def _add_rewrite(sub) -> None:
     p.add_argument(
         "--stop-after",
         metavar="PASS",
-        help="stop after the named pass (see 'ivit-onnx passes'); the output is then a debugging "
-        "snapshot and may not pass the ONNX checker",
+        help="stop after the named pass (see 'ivit-onnx passes'); the output is then an intermediate "
+        "graph for inspection and may not pass the ONNX checker",
+    )
+    p.add_argument(
+        "--external-data",
+        action="store_true",
+        help="write the weights to OUTPUT.data next to the model (automatic above protobuf's 2 GiB limit)",
     )
     p.add_argument(
         "--gelu-bits", type=int, default=15, help="fraction bits of ShiftGELU's sigmoid (default 15)"
@@ -61,8 +78,16 @@ def _add_rewrite(sub) -> None:
 
 
 def _run_rewrite(args) -> int:
+    from .io import check_output_path
+    from .pipeline import Pipeline
     from .rewrite import rewrite
 
+    names = Pipeline.default().names
+    if args.stop_after is not None and args.stop_after not in names:
+        raise ConversionError(f"--stop-after {args.stop_after!r}: no such pass; passes: {', '.join(names)}")
+    for path in (args.output, args.report):
+        if path:
+            check_output_path(path)
     _, report = rewrite(
         _resolve_model(args.model),
         args.output,
@@ -71,6 +96,7 @@ def _run_rewrite(args) -> int:
         stop_after=args.stop_after,
         gelu_bits=args.gelu_bits,
         min_x0=args.min_x0,
+        external_data=True if args.external_data else None,
     )
     if args.report:
         report.to_json(args.report)
@@ -83,9 +109,10 @@ def _run_rewrite(args) -> int:
 def _add_tvm(sub) -> None:
     p = sub.add_parser(
         "compile",
-        help="compile an integer model with TVM (needs pip install -e .[tvm])",
-        description="Inline the private ops' bodies, import with TVM's relax ONNX frontend, build "
-        "with tvm.compile and export a loadable library (.so) plus a .json sidecar.",
+        help="compile an integer model with TVM (needs the tvm extra)",
+        description="Compile an integer-only model with TVM: inline the private ops' function bodies, "
+        "import with TVM's Relax ONNX frontend, build with tvm.compile and write a loadable library "
+        "(.so) with a .json sidecar describing its inputs, outputs and target.",
     )
     p.add_argument("model", help="integer-only .onnx (from 'ivit-onnx rewrite')")
     p.add_argument("-o", "--output", required=True, help="output library path (.so); the sidecar is .json")
@@ -98,79 +125,213 @@ def _add_tvm(sub) -> None:
         action="append",
         default=[],
         metavar="NAME=D0,D1,...",
-        help="fixed input shape (repeatable); default: the model's, dynamic dims as 1",
+        help="fixed input shape (repeatable); default: the model's, with a symbolic batch (first) "
+        "dimension as 1; any other symbolic dimension must be given here",
     )
-    r = sub.add_parser("run", help="run a compiled library on an .npz of inputs (or random inputs)")
-    r.add_argument("library", help="the .so written by 'ivit-onnx compile'")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    r = sub.add_parser(
+        "run",
+        help="run a compiled library on an .npz of inputs (or random inputs)",
+        description="Run a library written by 'ivit-onnx compile' (llvm on this CPU, cuda on GPU 0) on "
+        "the inputs of an .npz file, keyed by input name, or on seeded random inputs; print each "
+        "output's type, shape and mean, and optionally save the outputs as .npz.",
+    )
+    r.add_argument("library", help="the .so written by 'ivit-onnx compile' (its .json sidecar next to it)")
     r.add_argument("--data", metavar="NPZ", help="inputs by name (default: random, seed 0)")
     r.add_argument("--out", metavar="NPZ", help="write the outputs here")
 
 
-def _parse_shapes(items: list[str]) -> dict | None:
+def _tvm():
+    """The TVM backend module, or a one-line error saying which extra to install."""
+    try:
+        from .tvm_backend import compile as backend
+    except ImportError as e:
+        raise ConversionError(
+            f"TVM is not installed ({e.name or one_line(e)}): pip install 'ivit-onnx[tvm]' "
+            "(from a checkout: pip install '.[tvm]')"
+        ) from None
+    return backend
+
+
+def _parse_shapes(items: list[str]) -> dict[str, list[int]]:
     shapes = {}
     for item in items:
         name, _, dims = item.partition("=")
-        if not dims:
-            raise ConversionError(f"--shape {item!r}: expected NAME=D0,D1,...")
-        shapes[name] = [int(d) for d in dims.split(",")]
-    return shapes or None
+        try:
+            shapes[name] = [int(d) for d in dims.split(",")]
+        except ValueError:
+            raise ConversionError(f"--shape {item!r}: expected NAME=D0,D1,... with integer dims") from None
+        if not name or any(d < 1 for d in shapes[name]):
+            raise ConversionError(f"--shape {item!r}: expected NAME=D0,D1,... with positive dims")
+    return shapes
+
+
+def compile_shapes(model, items: list[str], where: str) -> dict[str, list[int]]:
+    """Every input's static shape: ``--shape`` values, else the model's with a symbolic batch (first)
+    dimension as 1; a symbolic non-batch dimension without ``--shape`` is an error naming it."""
+    given = _parse_shapes(items)
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    unknown = sorted(set(given) - {i.name for i in inputs})
+    if unknown:
+        names = ", ".join(i.name for i in inputs)
+        raise ConversionError(f"--shape {unknown[0]}: the model has no input of that name (inputs: {names})")
+    shapes = {}
+    for vi in inputs:
+        dims = vi.type.tensor_type.shape.dim
+        model_dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
+        if vi.name in given:
+            want = given[vi.name]
+            bad = [a != b for a, b in zip(want, model_dims, strict=False) if b is not None]
+            if len(want) != len(model_dims) or any(bad):
+                raise ConversionError(
+                    f"--shape {vi.name}: {want} does not fit the model's input shape "
+                    f"{[d if d else '?' for d in model_dims]}"
+                )
+            shapes[vi.name] = want
+            continue
+        out = []
+        for k, (d, proto) in enumerate(zip(model_dims, dims, strict=True)):
+            if d is None and k > 0:
+                sym = f" ('{proto.dim_param}')" if proto.dim_param else ""
+                example = ",".join(str(x or 1) for x in model_dims)
+                raise ConversionError(
+                    f"{where}: input '{vi.name}' dimension {k}{sym} is not fixed: give it "
+                    f"with --shape {vi.name}={example} (your value for the ?s)"
+                )
+            out.append(d or 1)
+        shapes[vi.name] = out
+    return shapes
+
+
+class Heartbeat:
+    """Progress lines on stderr for a long job: each stage as it starts, and every ``period`` seconds
+    the time spent so far (TVM prints nothing for minutes on a 2-core machine)."""
+
+    def __init__(self, label: str, enabled: bool = True, period: float = 30.0):
+        self.label, self.enabled, self.period = label, enabled, period
+        self.stage, self.t0 = "starting", time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self):
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def __call__(self, stage: str) -> None:
+        self.stage = stage
+        self._say(stage)
+
+    def _say(self, text: str) -> None:
+        if self.enabled:
+            elapsed = time.perf_counter() - self.t0
+            print(f"{self.label}: {text} [{elapsed:.0f} s]", file=sys.stderr, flush=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.period):
+            self._say(f"still {self.stage}")
 
 
 def _run_compile(args) -> int:
-    try:
-        from .tvm_backend import compile_model
-    except ImportError as e:
-        raise ConversionError(f"TVM is not installed ({e.name}): pip install -e '.[tvm]'") from None
-    from .io import load_model
+    import shutil
+    import tempfile
+    from pathlib import Path
 
-    art = compile_model(
-        load_model(args.model),
-        target=args.target,
-        arch=args.arch,
-        out=args.output,
-        tune_trials=args.tune,
-        tune_db=args.tune_db,
-        shape=_parse_shapes(args.shape),
-    )
-    print(
-        f"wrote {args.output} (target {art.target.get('kind')}, int8 matmuls {art.info.get('int8_matmuls')})"
-    )
+    from .io import check_output_path, load_model
+
+    backend = _tvm()
+    out = Path(check_output_path(args.output))
+    model = load_model(_resolve_model(args.model))
+    shapes = compile_shapes(model, args.shape, args.model)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        with Heartbeat("compile", enabled=not args.quiet) as beat:
+            try:
+                art = backend.compile_model(
+                    model,
+                    target=args.target,
+                    arch=args.arch,
+                    tune_trials=args.tune,
+                    tune_db=args.tune_db,
+                    shape=shapes,
+                    progress=beat,
+                )
+                beat("exporting")
+                backend.export(art, tmp / out.name)
+            except (ConversionError, MemoryError, KeyboardInterrupt):
+                raise
+            except Exception as e:  # noqa: BLE001 - TVM raises many types; one line naming the model
+                raise ConversionError(f"{args.model}: TVM cannot compile it ({one_line(e)})") from None
+        os.replace(tmp / out.with_suffix(".json").name, out.with_suffix(".json"))
+        os.replace(tmp / out.name, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    kind, n = art.target.get("kind"), art.info.get("int8_matmuls")
+    print(f"wrote {args.output} (target {kind}, int8 matmuls {n})")
     return 0
+
+
+def _load_feeds(path: str) -> dict:
+    import zipfile
+
+    import numpy as np
+
+    if os.path.isdir(path) or not os.path.exists(path):
+        raise ConversionError(f"{path}: no such .npz file")
+    try:
+        with np.load(path, allow_pickle=False) as d:
+            return {k: d[k] for k in d.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, AttributeError) as e:
+        raise ConversionError(f"{path}: not a readable .npz ({one_line(e)})") from None
 
 
 def _run_run(args) -> int:
     import numpy as np
 
+    from .io import atomic_output, check_output_path
+
+    backend = _tvm()
+    if args.out:
+        check_output_path(args.out)
     try:
-        from .tvm_backend import load, run
-    except ImportError as e:
-        raise ConversionError(f"TVM is not installed ({e.name}): pip install -e '.[tvm]'") from None
-    try:
-        art = load(args.library)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise ConversionError(f"{args.library}: cannot load a compiled model ({_first_line(e)})") from None
+        art = backend.load(args.library)
+    except Exception as e:  # noqa: BLE001 - OSError, JSON, KeyError, TVM errors: one line
+        raise ConversionError(f"{args.library}: cannot load a compiled model ({one_line(e)})") from None
     if args.data:
-        with np.load(args.data) as d:
-            feeds = {k: d[k] for k in d.files}
+        feeds = _load_feeds(args.data)
     else:
         rng = np.random.default_rng(0)
-        feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in art.inputs}
+        feeds = {}
+        for i in art.inputs:
+            dt = np.dtype(i["dtype"])
+            if dt.kind in "iu":
+                feeds[i["name"]] = rng.integers(
+                    np.iinfo(dt).min, np.iinfo(dt).max, i["shape"], endpoint=True, dtype=dt
+                )
+            else:
+                feeds[i["name"]] = rng.standard_normal(i["shape"]).astype(dt)
+    src = args.data or "random inputs"
     try:
-        outs = run(art, feeds)
+        outs = backend.run(art, feeds)
     except KeyError as e:
-        raise ConversionError(f"{args.data}: {e.args[0]} (the inputs of {args.library})") from None
+        raise ConversionError(f"{src}: {e.args[0]} (the inputs of {args.library})") from None
     except ValueError as e:
-        raise ConversionError(f"{args.data}: {_first_line(e)}") from None
+        raise ConversionError(f"{src}: {one_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - TVM runtime errors
+        raise ConversionError(f"{args.library}: the run failed ({one_line(e)})") from None
     outs = outs if isinstance(outs, list | tuple) else [outs]
     for spec, o in zip(art.outputs, outs, strict=False):
         print(f"{spec['name']}: {o.dtype}{list(o.shape)} mean {float(np.mean(o)):.6g}")
     if args.out:
-        np.savez(args.out, **{spec["name"]: o for spec, o in zip(art.outputs, outs, strict=False)})
+        with atomic_output(args.out) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **{spec["name"]: o for spec, o in zip(art.outputs, outs, strict=False)})
     return 0
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _run_passes(_args) -> int:
@@ -185,9 +346,9 @@ def _run_passes(_args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="ivit-onnx", description=__doc__.splitlines()[0])
+    parser = Parser(prog="ivit-onnx", description=__doc__.splitlines()[0].partition(": ")[2])
     parser.add_argument("--version", action="version", version=f"ivit-onnx {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_rewrite(sub)
     _add_tvm(sub)
     sub.add_parser("passes", help="list the default pipeline's passes in order")
@@ -198,21 +359,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``ivit-onnx`` entry point: every failure is one line on stderr and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "validate":
-        from .validate import main as validate_main
-
-        return validate_main(argv[1:])
-    args = build_parser().parse_args(argv)
     try:
+        if argv and argv[0] == "validate":
+            from .validate import main as validate_main
+
+            return validate_main(argv[1:])
+        args = build_parser().parse_args(argv)
         commands = {"rewrite": _run_rewrite, "passes": _run_passes, "compile": _run_compile, "run": _run_run}
         return commands[args.command](args)
     except ConversionError as e:
-        print(f"ivit-onnx: error: {e}", file=sys.stderr)
-        return 2
+        print_error(e)
     except OSError as e:
-        print(f"ivit-onnx: error: {e.filename or ''}: {e.strerror}", file=sys.stderr)
-        return 2
+        print_error(os_error_line(e))
+    except MemoryError:
+        print_error("out of memory")
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - last resort: still one line, never a traceback
+        print_error(f"internal error ({one_line(e)}); please report it with the command line")
+    return 2
 
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ import onnx
 from onnx import helper
 
 from . import images
+from .errors import ConversionError
 
 
-class InputError(Exception):
+class InputError(ConversionError):
     """Unusable validation input; ``str(err)`` is one line."""
 
 
@@ -103,10 +104,11 @@ def _from_arrays(desc: str, specs: list[InputSpec], arrays: dict, labels) -> Dat
     n = counts.pop()
     for s in specs:
         a = arrays[s.name]
-        want = _sample_shape(s)
-        if tuple(a.shape[1:]) != tuple(want):
+        want = s.shape[1:]  # symbolic dims (None) take the array's size
+        fits = a.ndim == len(s.shape) and all(w in (None, d) for w, d in zip(want, a.shape[1:], strict=False))
+        if not fits:
             raise InputError(f"{desc}: array for '{s.name}' has samples of shape {list(a.shape[1:])}, "
-                             f"the model wants {list(want)}")
+                             f"the model wants {['?' if w is None else w for w in want]}")
         if a.dtype != s.dtype:
             if a.dtype.kind not in "iufb":
                 raise InputError(f"{desc}: array for '{s.name}' has dtype {a.dtype}")
@@ -145,7 +147,8 @@ def digits_dataset(specs: list[InputSpec]) -> Dataset:
 
         _, _, x, y = load_digits_split()
     except ImportError as e:
-        raise InputError(f"--data digits needs scikit-learn ({e})") from None
+        raise InputError(f"--data digits needs scikit-learn ({e.name or e}): pip install 'ivit-onnx[models]' "
+                         "(or pip install scikit-learn)") from None
     if len(specs) != 1:
         raise InputError("--data digits needs a model with one input")
     return _from_arrays("digits test split", specs, {specs[0].name: x}, y)

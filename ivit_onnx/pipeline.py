@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from .errors import ConversionError
-from .io import ensure_opset, fold_quantized_weights, load_model, skeleton
+from .errors import ConversionError, one_line
+from .io import atomic_output, ensure_opset, fold_quantized_weights, load_model, skeleton
 
 
 @dataclass
@@ -48,6 +48,7 @@ class Context:
     functions: list = field(default_factory=list)
     ir_version: int = 10
     metadata: dict[str, str] = field(default_factory=dict)
+    where: str = ""  #: the node a pass is working on, for error messages (set by passes that walk nodes)
 
     def count(self, pass_name: str, key: str, n: int = 1) -> None:
         self.counts.setdefault(pass_name, Counter())[key] += n
@@ -76,7 +77,7 @@ class Report:
         return {"passes": self.passes_run, "counts": self.counts, **self.notes}
 
     def to_json(self, path) -> None:
-        with open(path, "w") as f:
+        with atomic_output(path) as tmp, open(tmp, "w") as f:
             json.dump(self.to_dict(), f, indent=2, sort_keys=True, default=float)
             f.write("\n")
 
@@ -86,8 +87,8 @@ class Report:
         conv = self.counts.get("lower_integer", {})
         if conv:
             lines.append("converted: " + ", ".join(f"{k} {v}" for k, v in sorted(conv.items())))
-        for name in ("fuse_gelu", "fuse_layernorm", "fuse_softmax"):
-            if self.counts.get(name):
+        for name in self.passes_run:  # every other pass that counted something, the user's too
+            if name != "lower_integer" and self.counts.get(name):
                 lines.append(
                     f"{name}: " + ", ".join(f"{k} {v}" for k, v in sorted(self.counts[name].items()))
                 )
@@ -134,20 +135,35 @@ class Pipeline:
     def remove(self, name: str) -> None:
         del self.passes[self._index(name)]
 
-    def run(self, model, options: Options | None = None, stop_after: str | None = None):
-        """Run the passes in order; returns ``(ModelProto, Report)``."""
-        if stop_after is not None:
-            self._index(stop_after)
-        proto = fold_quantized_weights(ensure_opset(load_model(model)))
+    def run(self, model, options: Options | None = None, stop_after: str | None = None, base_dir=None):
+        """Run the passes in order; returns ``(ModelProto, Report)``.
+
+        ``base_dir``: where a ModelProto's external data files are (default: the current folder).
+        Every failure is a :class:`ConversionError` naming the pass and node (the input's own faults with
+        their specific message; anything else as an internal error of that pass, still one line).
+        """
+        if stop_after is not None and stop_after not in self.names:
+            passes = ", ".join(self.names)
+            raise ConversionError(f"--stop-after {stop_after!r}: no such pass; passes: {passes}")
+        proto = load_model(model, base_dir)
+        try:
+            proto = fold_quantized_weights(ensure_opset(proto))
+        except (ConversionError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - malformed weights or quantization parameters
+            raise ConversionError(f"cannot fold the quantized weights: {one_line(e)}") from None
         try:  # shapes and dtypes on every edge (rules need row lengths and element types), weights left out
-            inferred = onnx.shape_inference.infer_shapes(skeleton(proto))
-        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
-            raise ConversionError(f"shape inference failed: {str(e).strip().splitlines()[0]}") from None
+            inferred = onnx.shape_inference.infer_shapes(skeleton(proto), strict_mode=False)
+        except Exception as e:  # noqa: BLE001 - InferenceError, ValidationError, RuntimeError
+            raise ConversionError(f"shape inference failed: {one_line(e)}") from None
         del proto.graph.value_info[:]
         proto.graph.value_info.extend(inferred.graph.value_info)
         opset = next((i.version for i in proto.opset_import if i.domain in ("", "ai.onnx")), 0)
-        graph = gs.import_onnx(proto)
-        _own_values(graph)
+        try:
+            graph = gs.import_onnx(proto)
+            _own_values(graph)
+        except Exception as e:  # noqa: BLE001 - graphsurgeon raises many types on malformed graphs
+            raise ConversionError(f"cannot read the graph: {one_line(e)}") from None
         graph.import_domains = [_copy(d) for d in proto.opset_import]  # gs kept the file's own list
         ctx = Context(
             graph,
@@ -163,11 +179,15 @@ class Pipeline:
             missing = [r for r in p.requires if r not in _guaranteed(self.passes[: len(ran)])]
             if missing:
                 raise ConversionError(f"pass {p.name} requires {missing}, which no earlier pass guarantees")
-            p.run(ctx)
+            _run_pass(p, ctx)
             ran.append(p.name)
             if p.name == stop_after:
                 break
-        out = gs.export_onnx(ctx.graph, do_type_check=False)
+        try:
+            out = gs.export_onnx(ctx.graph, do_type_check=False)
+        except Exception as e:  # noqa: BLE001
+            last = ran[-1] if ran else "-"
+            raise ConversionError(f"cannot write the graph after pass {last}: {one_line(e)}") from None
         out.ir_version = ctx.ir_version
         del out.opset_import[:]
         out.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in sorted(ctx.opset_imports.items()))
@@ -177,6 +197,19 @@ class Pipeline:
         for k, v in sorted(ctx.metadata.items()):
             out.metadata_props.add(key=k, value=v)
         return out, Report({k: dict(v) for k, v in ctx.counts.items()}, dict(ctx.notes), ran)
+
+
+def _run_pass(p: Pass, ctx: Context) -> None:
+    """Run one pass; an unexpected exception becomes a one-line :class:`ConversionError` naming the pass
+    and the node it was on (malformed input that no specific check caught)."""
+    ctx.where = ""
+    try:
+        p.run(ctx)
+    except (ConversionError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the one place that turns any failure into one line
+        at = f" at node '{ctx.where}'" if ctx.where else ""
+        raise ConversionError(f"pass {p.name}{at}: cannot handle this graph ({one_line(e)})") from e
 
 
 def _own_values(graph: gs.Graph) -> None:
@@ -203,20 +236,3 @@ def _version() -> str:
     from . import __version__
 
     return __version__
-
-
-def save_model(model: onnx.ModelProto, path) -> None:
-    """Write atomically: a failure never leaves a half-written file."""
-    import os
-    import tempfile
-
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -4,23 +4,35 @@ from __future__ import annotations
 
 import onnx
 
-from .pipeline import Options, Pipeline, Report, save_model
+from .io import check_output_path, save_model
+from .pipeline import Options, Pipeline, Report
 
 
 def rewrite(
-    model, output=None, *, pipeline: Pipeline | None = None, stop_after: str | None = None, **options
+    model,
+    output=None,
+    *,
+    pipeline: Pipeline | None = None,
+    stop_after: str | None = None,
+    base_dir=None,
+    external_data: bool | None = None,
+    **options,
 ) -> tuple[onnx.ModelProto, Report]:
     """Convert a fake-quant model (path or ModelProto) to integer-only ONNX; save it when ``output`` is given.
 
     ``options`` are :class:`Options` fields (``allow_float``, ``scale_table``, ...). Nothing is written
-    unless the whole conversion and the final ONNX check succeed.
+    unless the whole conversion and the final ONNX check succeed. ``base_dir``: the folder of a
+    ModelProto's external data files (default: the current one). ``external_data``: write the weights to
+    ``<output>.data`` (None: only when the model exceeds protobuf's 2 GiB).
     """
     from ivit_onnx.passes.finalize import check
 
+    if output is not None:
+        check_output_path(output)  # before the work, naming the path the user gave
     pipe = pipeline or Pipeline.default()
-    out, report = pipe.run(model, Options(**options), stop_after=stop_after)
+    out, report = pipe.run(model, Options(**options), stop_after=stop_after, base_dir=base_dir)
     if stop_after is None or stop_after == pipe.names[-1]:
         check(out)
     if output is not None:
-        save_model(out, output)
+        save_model(out, output, external_data)
     return out, report

@@ -46,11 +46,13 @@ VARIANTS = {
 
 
 class _Reader(CalibrationDataReader):
-    """Feeds calibration batches to onnxruntime's calibrator under the model's input name."""
+    """Feeds calibration batches to onnxruntime's calibrator: an array goes under the model's (first) input
+    name as float32; a dict of arrays (a multi-input model such as ``models.bert``) is fed as it is."""
 
-    def __init__(self, input_name: str, batches: Iterable[np.ndarray]):
+    def __init__(self, input_name: str, batches: Iterable[np.ndarray | dict[str, np.ndarray]]):
         self._feeds: Iterator[dict[str, np.ndarray]] = (
-            {input_name: np.ascontiguousarray(b, dtype=np.float32)} for b in batches
+            b if isinstance(b, dict) else {input_name: np.ascontiguousarray(b, dtype=np.float32)}
+            for b in batches
         )
 
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -60,7 +62,7 @@ class _Reader(CalibrationDataReader):
 def ort_quantize(
     fp32_path: str | Path,
     out_path: str | Path,
-    calib_batches: Iterable[np.ndarray],
+    calib_batches: Iterable[np.ndarray | dict[str, np.ndarray]],
     variant: str = "int8_sym",
     preprocess: bool = True,
 ) -> onnx.ModelProto:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import onnx
 
-from ivit_onnx.errors import ConversionError
+from ivit_onnx.errors import ConversionError, one_line
 from ivit_onnx.io import MAX_IR_VERSION, skeleton
 from ivit_onnx.pipeline import Context, Pass
 
@@ -31,5 +31,5 @@ def check(model: onnx.ModelProto) -> None:
     """Full onnx check (with shape inference through the function bodies); one-line error."""
     try:  # on the weight-free skeleton: the same check, without copies of the weights
         onnx.checker.check_model(skeleton(model), full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise ConversionError(f"output fails the ONNX check: {str(e).strip().splitlines()[0]}") from None
+    except Exception as e:  # noqa: BLE001 - ValidationError, InferenceError, and the checker's C++ errors
+        raise ConversionError(f"output fails the ONNX check: {one_line(e)}") from None

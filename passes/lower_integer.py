@@ -74,14 +74,17 @@ class LowerInteger(Pass):
         g.toposort()
         lw = Lowerer(ctx)
         islands: list[gs.Node] = []
+        why: dict[int, str] = {}  # island -> the reason its rule gave up (with allow_float)
         float_macs = 0
         for node in list(g.nodes):
-            lw.node_hint = node.name or node.op
+            lw.node_hint = ctx.where = node.name or node.op
             rule = RULES.get(node.op)
             try:
                 outcome = rule(lw, node) if rule is not None else Outcome.FLOAT
             except ValueError as e:
-                raise ConversionError(f"{node_label(node)}: {e}") from None
+                if not ctx.options.allow_float:
+                    raise ConversionError(f"{node_label(node)}: {e}") from None
+                outcome, why[id(node)] = Outcome.FLOAT, str(e).splitlines()[0]  # stays float, reported
             if outcome is Outcome.HANDLED:
                 detach(node)
                 continue
@@ -104,7 +107,9 @@ class LowerInteger(Pass):
                 f"{len(islands)} node(s) have no integer rule (float islands): {names}; "
                 "rerun with --allow-float to keep them as DQ → float → Q"
             )
-        ctx.notes["float_islands"] = [node_label(n) for n in islands]
+        ctx.notes["float_islands"] = [
+            node_label(n) + (f" ({why[id(n)]})" if id(n) in why else "") for n in islands
+        ]
         total = ctx.notes.get("integer_macs", 0) + float_macs
         ctx.notes["total_macs"] = total
         ctx.notes["integer_mac_percent"] = (

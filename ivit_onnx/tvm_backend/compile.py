@@ -138,15 +138,19 @@ def relax_pipeline(target: tvm.target.Target, database=None, chains: bool = True
 
 
 def compile_model(model_or_path, target="llvm", arch: str | None = None, out=None, tune_trials: int = 0,
-                  tune_db=None, shape: dict | None = None, int8: bool = True) -> Artifact:
+                  tune_db=None, shape: dict | None = None, int8: bool = True, progress=None) -> Artifact:
     """Compile an (integer) ONNX model for ``target``; with ``out`` (a ``.so`` path) export it + ``.json``.
 
     ``tune_trials > 0`` runs meta-schedule tuning into the database directory ``tune_db`` (a temporary one if
     None) first; an existing ``tune_db`` with ``tune_trials == 0`` only applies the schedules stored there.
+    ``progress``: called with the name of each stage as it starts (the CLI prints them).
     """
+    say = progress or (lambda _stage: None)
+    say("preparing the graph")
     model = onnx.load(str(model_or_path)) if isinstance(model_or_path, str | os.PathLike) else model_or_path
     prepared = prepare_for_tvm(model)
     inputs, outputs = io_specs(prepared, shape)
+    say("importing into Relax")
     mod, n_int8 = import_relax(prepared, inputs, int8)
     tgt = make_target(target, arch)
     mod = fuse(mod, tgt)
@@ -154,7 +158,9 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
     if tune_trials > 0 or tune_db is not None:
         from .tune import open_database, tune
 
+        say(f"tuning ({tune_trials} trials)" if tune_trials > 0 else "opening the tuning database")
         database = tune(mod, tgt, tune_trials, tune_db) if tune_trials > 0 else open_database(tune_db)
+    say(f"building for {tgt.kind.name} (tvm.compile; minutes for a ViT on 2 cores)")
     with tvm.transform.PassContext(opt_level=3):
         if database is not None:
             with database:

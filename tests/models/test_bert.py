@@ -1,0 +1,82 @@
+"""The BERT-style encoder (models/bert.py): deterministic, exportable, quantized by onnxruntime's
+``quantize_static`` (QDQ, int8 symmetric, per-channel), and converted with ``--allow-float`` without a crash:
+what has no integer rule (mask arithmetic, Where, pooling) stays float and is named in the report."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("torch")
+import onnxruntime as ort  # noqa: E402
+
+from ivit_onnx import ConversionError, rewrite  # noqa: E402
+from ivit_onnx.models.bert import BertConfig, bert_tiny, example_inputs, export_bert, quantize_bert  # noqa: E402
+
+
+def _run(model, feeds):
+    blob = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+@pytest.fixture(scope="module")
+def berts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bert")
+    out = {}
+    for form, opset in (("arith", 17), ("where", 18)):
+        fp32, fq = d / f"{form}_fp32.onnx", d / f"{form}_fq.onnx"
+        export_bert(bert_tiny(mask_form=form), fp32, opset=opset)
+        quantize_bert(fp32, fq)
+        out[form] = fq
+    return out
+
+
+def test_deterministic_with_hf_names():
+    a, b = bert_tiny(seed=3).state_dict(), bert_tiny(seed=3).state_dict()
+    assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
+    for name in (
+        "embeddings.word_embeddings.weight",
+        "embeddings.position_embeddings.weight",
+        "embeddings.token_type_embeddings.weight",
+        "embeddings.LayerNorm.weight",
+        "encoder.layer.1.attention.self.query.weight",
+        "encoder.layer.0.attention.output.LayerNorm.bias",
+        "encoder.layer.0.intermediate.dense.weight",
+        "encoder.layer.0.output.dense.weight",
+        "classifier.weight",
+    ):
+        assert name in a, name
+
+
+def test_quantized_with_qdq_per_channel(berts):
+    m = onnx.load(berts["arith"])
+    ops = {n.op_type for n in m.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Gather", "Erf", "Softmax"} <= ops
+    assert [i.type.tensor_type.elem_type for i in m.graph.input] == [onnx.TensorProto.INT64] * 3
+    per_channel = [
+        n
+        for n in m.graph.node
+        if n.op_type == "DequantizeLinear" and any(a.name == "axis" for a in n.attribute)
+    ]
+    assert per_channel
+
+
+@pytest.mark.parametrize("form, expected", [("arith", {"ReduceSum", "Sub"}), ("where", {"Where", "Softmax"})])
+def test_allow_float_keeps_islands_and_matches(berts, form, expected):
+    fq = berts[form]
+    if form == "arith":
+        with pytest.raises(ConversionError, match="no integer rule"):
+            rewrite(fq)
+    model, report = rewrite(fq, allow_float=True)
+    islands = report.to_dict()["float_islands"]
+    assert expected <= {s.split()[0] for s in islands}, islands
+    assert "float islands: " + str(len(islands)) in report.summary()
+    counts = report.counts["lower_integer"]
+    assert (
+        counts["MatMulInteger"] == 17 and counts["ILayerNorm"] == 5
+    )  # 2 x 8 GEMMs + head
+    feeds = example_inputs(BertConfig(), batch=4, seq=8, seed=5)
+    ref, got = _run(fq, feeds), _run(model, feeds)
+    assert got.shape == ref.shape == (4, 3)
+    assert np.abs(got - ref).max() <= 0.05 * np.abs(ref).max() + 1e-6
