@@ -1,7 +1,10 @@
 """normalize: validate QDQ scales, fold Constant nodes and constant QuantizeLinear, drop Identity/Dropout.
 
-Guarantees every Q/DQ has a constant, finite, positive scale and a constant zero point, and that
-quantized weights are integer initializers (torch exports float weight → Q → DQ).
+Guarantees every Q/DQ has a constant, finite, positive scale and a constant zero point of an 8- or
+16-bit integer type, and that quantized weights are integer initializers (torch exports float weight →
+Q → DQ; Brevitas' QCDQ adds a Clip of the integer weight, folded here). Toolkit forms without an
+integer-only meaning here (4-bit/float8 types, blocked scales, MatMulNBits-style and QOperator nodes)
+stop with one line naming the node and the form.
 """
 
 from __future__ import annotations
@@ -15,6 +18,32 @@ from ivit_onnx.io import quantize
 from ivit_onnx.pipeline import Context, Pass
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
+_INT_TYPES = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
+
+#: ops that quantization toolkits emit which have no integer-only form here, with the reason
+_REFUSED = {
+    "MatMulNBits": "block-quantized 2..8-bit weight matmul (MatMulNBits); export int8 QDQ weights instead",
+    "MatMulBnb4": "4-bit bitsandbytes weight matmul (MatMulBnb4); export int8 QDQ weights instead",
+    "GatherBlockQuantized": "block-quantized gather (GatherBlockQuantized); export int8 QDQ weights instead",
+    "DynamicQuantizeLinear": "dynamic quantization (scale computed at run time); use static QDQ",
+    "DynamicQuantizeMatMul": "dynamic quantization (scale computed at run time); use static QDQ",
+    "MatMulIntegerToFloat": "dynamic quantization (scale computed at run time); use static QDQ",
+    "QLinearMatMul": "QOperator format; export in QDQ format (QuantizeLinear/DequantizeLinear pairs)",
+    "QLinearConv": "QOperator format; export in QDQ format (QuantizeLinear/DequantizeLinear pairs)",
+    "QGemm": "QOperator format; export in QDQ format (QuantizeLinear/DequantizeLinear pairs)",
+    "QAttention": "QOperator format; export in QDQ format (QuantizeLinear/DequantizeLinear pairs)",
+}
+
+
+def _type_form(dt: np.dtype | None, dequantize: bool = False) -> str | None:
+    """Why a Q/DQ element type cannot be read (None when it can; DequantizeLinear also reads int32 biases)."""
+    if dt is None or dt in _INT_TYPES or (dequantize and dt == np.dtype(np.int32)):
+        return None
+    if dt.name in ("int4", "uint4", "int2", "uint2"):
+        return f"{dt.name[-1]}-bit quantizer ({dt.name}) is not supported: re-export with int8 (or int16)"
+    if dt.kind in "fV" or dt.name.startswith("float"):
+        return f"floating-point quantizer ({dt.name}) has no integer form: re-export with int8 (or int16)"
+    return f"unsupported quantized type {dt.name}"
 
 
 class Normalize(Pass):
@@ -33,8 +62,14 @@ class Normalize(Pass):
                 self._bypass(ctx, node)
                 changed = True
         for node in g.nodes:
+            if node.op in _REFUSED:
+                raise ConversionError(f"{node_label(node)}: {_REFUSED[node.op]}")
             if node.op in _QDQ:
+                changed |= self._explicit_zero_point(ctx, node)
                 self._check_params(node)
+        for node in list(g.nodes):
+            if node.op == "Clip" and self._fold_clip(ctx, node):
+                changed = True
         for node in list(g.nodes):
             if node.op == "QuantizeLinear" and const_array(node.inputs[0]) is not None:
                 self._fold_quantize(ctx, node)
@@ -57,10 +92,57 @@ class Normalize(Pass):
         return changed
 
     @staticmethod
+    def _explicit_zero_point(ctx: Context, node: gs.Node) -> bool:
+        """Opset 21's ``output_dtype`` (QuantizeLinear, no zero point) becomes a zero point of its type."""
+        out_dt = node.attrs.get("output_dtype", 0) if node.op == "QuantizeLinear" else 0
+        if not out_dt or (len(node.inputs) > 2 and node.inputs[2].name):
+            return False
+        import onnx
+
+        dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(out_dt))
+        if _type_form(dt):
+            raise ConversionError(f"{node_label(node)}: {_type_form(dt)}")
+        zp = gs.Constant(f"{node.outputs[0].name}_zero_point", np.zeros((), dt))
+        node.inputs[2:] = [zp]
+        del node.attrs["output_dtype"]
+        ctx.count("normalize", "QuantizeLinear output_dtype made a zero point")
+        return True
+
+    def _fold_clip(self, ctx: Context, node: gs.Node) -> bool:
+        """Clip of a constant (Brevitas' QCDQ narrows integer weights to [-127, 127] with one)."""
+        x = const_array(node.inputs[0])
+        bounds = [const_array(t) if t.name else None for t in node.inputs[1:3]]
+        if x is None or any(t.name and b is None for t, b in zip(node.inputs[1:3], bounds, strict=False)):
+            return False
+        lo, hi = (bounds + [None, None])[:2]
+        lo = node.attrs.get("min") if lo is None and "min" in node.attrs else lo
+        hi = node.attrs.get("max") if hi is None and "max" in node.attrs else hi
+        replace_uses(
+            node.outputs[0], gs.Constant(node.outputs[0].name + "_c", np.clip(x, lo, hi).astype(x.dtype))
+        )
+        node.outputs.clear()
+        ctx.count(self.name, "Clip of constant folded")
+        return True
+
+    @staticmethod
     def _check_params(node: gs.Node) -> None:
         where = node_label(node)
         if len(node.inputs) < 2:
             raise ConversionError(f"{where}: missing scale input")
+        block = node.attrs.get("block_size", 0)
+        if block:
+            raise ConversionError(
+                f"{where}: blocked quantization (block_size={block}) is not supported: use per-channel scales"
+            )
+        for t in (node.inputs[0] if node.op == "DequantizeLinear" else None, *node.inputs[2:3]):
+            dt = (
+                None
+                if t is None or not t.name
+                else (t.values.dtype if isinstance(t, gs.Constant) else t.dtype)
+            )
+            form = _type_form(np.dtype(dt) if dt is not None else None, node.op == "DequantizeLinear")
+            if form:
+                raise ConversionError(f"{where}: {form}")
         scale = const_array(node.inputs[1])
         if scale is None:
             raise ConversionError(f"{where}: scale '{node.inputs[1].name}' is not a constant")

@@ -8,6 +8,7 @@ from .lowerer import Lowerer, Outcome
 RULES = {
     "QuantizeLinear": qdq.quantize,
     "DequantizeLinear": qdq.dequantize,
+    "Clip": qdq.clip,
     "MatMul": linear.matmul,
     "Gemm": linear.gemm,
     "Conv": linear.conv,

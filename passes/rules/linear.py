@@ -14,6 +14,7 @@ from ivit_onnx.affine import Affine
 from ivit_onnx.graph import const_array
 
 from .lowerer import Lowerer, Outcome
+from .qdq import float_weight
 
 _EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 _INT32_MAX = 2**31 - 1
@@ -39,8 +40,7 @@ def _fit_int32(lw: Lowerer, a_in, b_in, k: int):
     (_, a), (_, b) = a_in, b_in
     if (a.dtype in _EIGHT_BIT and b.dtype in _EIGHT_BIT) or (max(a.bound, b.bound) <= 2**15 and k is None):
         return a_in, b_in  # MatMulInteger, or the int16 operands this converter was first written for
-    if k is None:
-        raise ValueError("MatMul of wide operands with an unknown contraction length (int32 overflow)")
+    k = k or lw.opt.max_row  # unknown contraction length: the longest row the options allow
     if k * a.bound * b.bound <= _INT32_MAX:
         return a_in, b_in
     budget = int(np.floor(np.log2(_INT32_MAX / max(k, 1))))
@@ -87,10 +87,11 @@ def matmul(lw: Lowerer, node: gs.Node) -> Outcome:
     a_in = lw.get(node.inputs[0])
     b_in = _weight_operand(lw, node.inputs[1])
     if a_in is None or b_in is None:
-        return Outcome.FLOAT
+        return float_weight(lw, node)
     a_in = lw.per_tensor(*a_in)
     shape_a, shape_b = a_in[0].shape, b_in[0].shape
-    k = next((d for d in ((shape_b or [None, None])[-2], (shape_a or [None])[-1]) if isinstance(d, int)), None)
+    dims = ((shape_b or [None, None])[-2], (shape_a or [None])[-1])
+    k = next((d for d in dims if isinstance(d, int)), None)
     a_in, b_in = _fit_int32(lw, a_in, b_in, k)
     k = k or 1
     out, t = _integer_matmul(lw, a_in, b_in, k, "matmul", node.outputs[0].shape)
@@ -113,7 +114,7 @@ def gemm(lw: Lowerer, node: gs.Node) -> Outcome:
     a_in = lw.get(node.inputs[0])
     b_got = lw.get(node.inputs[1])
     if a_in is None or b_got is None or not isinstance(b_got[0], gs.Constant):
-        return Outcome.FLOAT
+        return float_weight(lw, node)
     ib, b = b_got
     w = const_array(ib)
     scale = b.scale
@@ -140,7 +141,7 @@ def conv(lw: Lowerer, node: gs.Node) -> Outcome:
     x_in = lw.get(node.inputs[0])
     w_got = lw.get(node.inputs[1])
     if x_in is None or w_got is None or not isinstance(w_got[0], gs.Constant):
-        return Outcome.FLOAT
+        return float_weight(lw, node)
     ix, x = lw.per_tensor(*x_in)
     iw, w = w_got
     if x.dtype not in _EIGHT_BIT or w.dtype not in _EIGHT_BIT:

@@ -223,6 +223,11 @@ class Lowerer:
         if out is None and t.name in self.floats:
             return self.floats[t.name]
         it, a = self.get(t)
+        if a.dtype.itemsize == 2 and self.ctx.opset < 21:  # DequantizeLinear reads 16-bit types from 21 on
+            it = self.node("Cast", [it], np.int32, "widen", attrs={"to": np.int32}, shape=it.shape)
+            if a.zero_point:
+                it = self.node("Sub", [it, self.zp(a.zero_point, np.int32, "zp")], np.int32, "center")
+            a = Affine(a.scale, 0, np.int32, a.bound)
         out = out if out is not None else gs.Variable(self.fresh("dequant_out"), dtype=np.float32)
         scale, axis = a.scale, None
         if not a.per_tensor:
