@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
+from .exact_quantize import LEGALIZE
 from .int8_matmul import int8_matmul
 from .prepare import prepare_for_tvm
 
@@ -107,8 +109,8 @@ def _backend(target: tvm.target.Target):
 def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Legalize and fuse into TIR functions: the module meta-schedule extracts its tuning tasks from."""
     passes = _backend(target).library_dispatch_passes(target) + [
-        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
-        relax.transform.FuseOps(), relax.transform.FuseTIR()]
+        relax.transform.LegalizeOps(LEGALIZE), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     with target:
         return tvm.transform.Sequential(passes)(mod)
 
@@ -138,8 +140,12 @@ def relax_pipeline(target: tvm.target.Target, database=None, chains: bool = True
 
 
 def compile_model(model_or_path, target="llvm", arch: str | None = None, out=None, tune_trials: int = 0,
-                  tune_db=None, shape: dict | None = None, int8: bool = True, progress=None) -> Artifact:
+                  tune_db=None, shape: dict | None = None, int8: bool = True,
+                  fast_math: bool = False, progress=None) -> Artifact:
     """Compile an (integer) ONNX model for ``target``; with ``out`` (a ``.so`` path) export it + ``.json``.
+
+    On cuda, CUDA source is compiled with IEEE float flags (:func:`.cuda.exact_cuda_compile`) unless
+    ``fast_math`` (TVM's default ``--use_fast_math``, e.g. for an FP32 baseline).
 
     ``tune_trials > 0`` runs meta-schedule tuning into the database directory ``tune_db`` (a temporary one if
     None) first; an existing ``tune_db`` with ``tune_trials == 0`` only applies the schedules stored there.
@@ -161,7 +167,7 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
         say(f"tuning ({tune_trials} trials)" if tune_trials > 0 else "opening the tuning database")
         database = tune(mod, tgt, tune_trials, tune_db) if tune_trials > 0 else open_database(tune_db)
     say(f"building for {tgt.kind.name} (tvm.compile; minutes for a ViT on 2 cores)")
-    with tvm.transform.PassContext(opt_level=3):
+    with tvm.transform.PassContext(opt_level=3), _cuda_flags(tgt, fast_math):
         if database is not None:
             with database:
                 executable = tvm.compile(mod, target=tgt, relax_pipeline=relax_pipeline(tgt, database))
@@ -170,11 +176,20 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
     target_dict = {k: (v if isinstance(v, int | str) else str(v)) for k, v in tgt.attrs.items()}
     target_dict["kind"] = tgt.kind.name
     info = {"format": FORMAT, "tvm": tvm.__version__, "int8_matmuls": n_int8, "tune_trials": tune_trials,
-            "tune_db": str(tune_db) if tune_db else None}
+            "tune_db": str(tune_db) if tune_db else None, "fast_math": bool(fast_math)}
     art = Artifact(executable, inputs, outputs, target_dict, None, info)
     if out is not None:
         export(art, out)
     return art
+
+
+def _cuda_flags(target: tvm.target.Target, fast_math: bool):
+    """The exact CUDA compile callback for cuda targets (unless ``fast_math``), else nothing."""
+    if target.kind.name != "cuda" or fast_math:
+        return contextlib.nullcontext()
+    from .cuda import exact_cuda_compile
+
+    return exact_cuda_compile()
 
 
 def export(art: Artifact, path) -> Path:

@@ -1,4 +1,4 @@
-"""CUDA: an int8 tensor-core matmul schedule that builds in TVM 0.27, and access to the generated code.
+"""CUDA: an int8 tensor-core matmul schedule that builds in TVM 0.27, exact compile flags, the generated code.
 
 dlight's ``MatmulInt8Tensorization`` (wmma m16n16k16 s8*s8->s32) fails in ``InjectSoftwarePipeline``
 ("fragment_info_" check) on TVM 0.27; the same schedule without its software-pipeline annotations builds
@@ -9,6 +9,8 @@ fused op bodies go to :class:`.chains.ElementwiseChain` (dlight's Fallback never
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
 import subprocess
@@ -16,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import tvm
+import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import get_root_block
@@ -105,17 +108,90 @@ def cuda_sources(executable) -> list[str]:
     return found
 
 
-def to_ptx(source: str, arch: str, nvcc: str | None = None) -> str:
-    """Compile CUDA C to PTX with nvcc (no GPU needed)."""
-    nvcc = nvcc or shutil.which("nvcc")
+#: IEEE float on the GPU: correctly rounded division and sqrt, subnormals kept, no mul+add contraction
+#: (onnxruntime rounds each float op separately). TVM 0.27 passes ``--use_fast_math`` instead.
+EXACT_FLAGS = ("--prec-div=true", "--prec-sqrt=true", "--ftz=false", "--fmad=false")
+#: TVM 0.27's own flags for its nvcc path (besides arch and ptxas options): what a default build gets
+TVM_FAST_FLAGS = ("--use_fast_math",)
+_COMMON_FLAGS = ("-O3", "-w", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+                 "--expt-relaxed-constexpr")
+_CALLBACK = "tvm_callback_cuda_compile"
+
+
+def nvcc_command(src: str, out: str, arch: str, fmt: str = "fatbin", exact: bool = True,
+                 nvcc: str = "nvcc") -> list[str]:
+    """The nvcc command line ivit-onnx compiles TVM's CUDA source with (``exact=False``: TVM's fast math)."""
+    digits = arch.replace("sm_", "")
+    math = EXACT_FLAGS if exact else TVM_FAST_FLAGS
+    return [nvcc, f"--{fmt}", *_COMMON_FLAGS, "-gencode", f"arch=compute_{digits},code=sm_{digits}", *math,
+            "-o", out, src]
+
+
+def compile_cuda(source: str, arch: str, fmt: str = "fatbin", exact: bool = True) -> bytes:
+    """Compile CUDA C with nvcc (``fmt``: fatbin, cubin or ptx; no GPU needed for ptx)."""
+    nvcc = shutil.which("nvcc")
     if nvcc is None:
-        raise FileNotFoundError("nvcc not found")
+        raise FileNotFoundError("nvcc not found (needed for exact CUDA builds and PTX checks)")
     with tempfile.TemporaryDirectory() as tmp:
-        src, ptx = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.ptx"
+        src, out = Path(tmp) / "kernels.cu", Path(tmp) / f"kernels.{fmt}"
         src.write_text(source)
-        subprocess.run([nvcc, "-ptx", f"-arch={arch}", "-w", str(src), "-o", str(ptx)], check=True,
-                       capture_output=True, text=True)
-        return ptx.read_text()
+        proc = subprocess.run(nvcc_command(str(src), str(out), arch, fmt, exact, nvcc), capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed on TVM's CUDA source:\n{proc.stdout}{proc.stderr}")
+        return out.read_bytes()
+
+
+def to_ptx(source: str, arch: str, exact: bool = True) -> str:
+    """PTX of CUDA C, compiled as :func:`exact_cuda_compile` builds do (``exact=False``: TVM's flags)."""
+    return compile_cuda(source, arch, "ptx", exact).decode()
+
+
+def _current_arch() -> str:
+    target = tvm.target.Target.current(allow_none=True)
+    arch = str(target.attrs.get("arch", "")) if target is not None else ""
+    if not arch.startswith("sm_"):
+        major, minor = tvm.cuda(0).compute_version.split(".")
+        arch = f"sm_{major}{minor}"
+    return arch
+
+
+def _exact_callback(code, *_target):
+    """``tvm_callback_cuda_compile`` for exact builds: nvcc with :data:`EXACT_FLAGS` (fatbin, as TVM's nvcc
+    mode returns); without nvcc, TVM's NVRTC path with the same flags appended (later options win)."""
+    code = str(code)
+    if shutil.which("nvcc") is not None:
+        return bytearray(compile_cuda(code, _current_arch(), "fatbin", exact=True))
+    from tvm.support import nvcc as tvm_nvcc
+
+    key = "TVM_CUDA_NVRTC_EXTRA_OPTS"
+    old = os.environ.get(key)
+    os.environ[key] = " ".join(EXACT_FLAGS)
+    try:
+        return tvm_nvcc.compile_cuda(code, target_format="cubin", compiler="nvrtc")
+    finally:
+        if old is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = old
+
+
+@contextlib.contextmanager
+def exact_cuda_compile():
+    """Within the block, TVM compiles CUDA source (when it does: only where a GPU is present) with
+    :func:`_exact_callback` instead of its fast-math default; the previous callback is restored after."""
+    previous = tvm_ffi.get_global_func(_CALLBACK, allow_missing=True)
+    tvm_ffi.register_global_func(_CALLBACK, _exact_callback, override=True)
+    try:
+        yield _exact_callback
+    finally:
+        if previous is not None:
+            tvm_ffi.register_global_func(_CALLBACK, previous, override=True)
+
+
+def compile_callback():
+    """The ``tvm_callback_cuda_compile`` TVM would call now."""
+    return tvm_ffi.get_global_func(_CALLBACK, allow_missing=True)
 
 
 #: PTX instructions that multiply 8-bit integers: dp4a and int8 (w)mma
@@ -130,5 +206,5 @@ def int8_instructions(ptx: str) -> dict[str, int]:
     return counts
 
 
-__all__ = ["Int8TensorCoreMatmul", "cuda_sources", "gpu_schedules", "int8_instructions",
-           "sm_version", "to_ptx"]
+__all__ = ["EXACT_FLAGS", "Int8TensorCoreMatmul", "compile_callback", "compile_cuda", "cuda_sources",
+           "exact_cuda_compile", "gpu_schedules", "int8_instructions", "nvcc_command", "sm_version", "to_ptx"]
