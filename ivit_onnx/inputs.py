@@ -52,6 +52,8 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
         if not tt.elem_type:
             raise InputError(f"input '{i.name}' is not a tensor")
         dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+        if any(d is not None and d < 1 for d in dims):
+            raise InputError(f"input '{i.name}' has an empty or negative dimension {list(dims)}")
         out.append(InputSpec(i.name, np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims))
     return out
 

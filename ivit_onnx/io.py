@@ -40,13 +40,38 @@ def load_model(model, base_dir=None) -> onnx.ModelProto:
         raise ConversionError(f"{path}: not an ONNX model or truncated ({type(e).__name__})") from None
     if not proto.graph.node:
         raise ConversionError(f"{path}: not an ONNX model (no graph nodes)")
+    check_names(proto, path)
     load_external_data(proto, os.path.dirname(os.path.abspath(path)), path)
     try:
         onnx.checker.check_model(skeleton(proto))
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0]
         raise ConversionError(f"{path}: invalid ONNX model: {first}") from None
+    except UnicodeDecodeError:  # the checker's message quotes bytes that are not UTF-8
+        raise ConversionError(f"{path}: invalid ONNX model (corrupted bytes)") from None
     return proto
+
+
+def check_names(model: onnx.ModelProto, where: str) -> None:
+    """Read every string of the model once: protobuf decodes them lazily, so a corrupted file whose strings
+    are not UTF-8 would otherwise fail deep inside a pass. Weights (bytes and numbers) are not touched."""
+    try:
+        _read_strings(model)
+    except UnicodeDecodeError:
+        raise ConversionError(f"{where}: corrupted ONNX file (a name or string is not valid UTF-8)") from None
+
+
+def _read_strings(msg) -> None:
+    for fd in msg.DESCRIPTOR.fields:
+        repeated = fd.is_repeated
+        if fd.type == fd.TYPE_MESSAGE:
+            if repeated:
+                for m in getattr(msg, fd.name):
+                    _read_strings(m)
+            elif msg.HasField(fd.name):
+                _read_strings(getattr(msg, fd.name))
+        elif fd.type == fd.TYPE_STRING:
+            list(getattr(msg, fd.name)) if repeated else getattr(msg, fd.name)
 
 
 def _stored_tensors(model: onnx.ModelProto):

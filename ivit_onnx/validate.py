@@ -20,7 +20,7 @@ from . import compare
 from .certify import float_offenders, opset_problems
 from .errors import ConversionError, one_line, os_error_line, print_error
 from .inputs import InputError, input_specs, load_dataset
-from .io import atomic_output, check_output_path
+from .io import atomic_output, check_names, check_output_path
 from .runners import INT_BACKENDS, OrtRunner, Runner, make_runner, node_outputs, producers
 
 PASSED, FAILED, WARNING, SKIPPED = "PASSED", "FAILED", "WARNING", "SKIPPED"
@@ -90,6 +90,7 @@ def load_onnx(path: str) -> onnx.ModelProto:
         raise InputError(f"{path}: not an ONNX model or truncated ({why[:120]})") from None
     if not model.graph.node:
         raise InputError(f"{path}: not an ONNX model or truncated (no graph nodes)")
+    check_names(model, path)
     return model
 
 
@@ -118,6 +119,7 @@ def check_opset(model: onnx.ModelProto) -> list[Check]:
     name = f"private opset {DOMAIN} v{VERSION}"
     try:
         problems = opset_problems(model)
+        problems += broadcast_problems(model, DOMAIN)
     except Exception as e:  # noqa: BLE001 - shape inference errors
         return [Check(name, FAILED, _one_line(e))]
     used = Counter(n.op_type for n in model.graph.node if n.domain == DOMAIN)
@@ -139,6 +141,31 @@ def check_opset(model: onnx.ModelProto) -> list[Check]:
         summary = f"{len(stale)} of {len(funcs)} differ" if stale else f"{len(funcs)} bodies"
         checks.append(Check("function bodies canonical", WARNING if stale else PASSED, summary, stale))
     return checks
+
+
+def broadcast_problems(model: onnx.ModelProto, domain: str) -> list[str]:
+    """Private-op nodes whose inputs do not broadcast together (inferred static dims; symbolic ones match
+    anything): the kernels would fail inside onnxruntime, which aborts the process for a custom op."""
+    shapes = {}
+    for vi in [*model.graph.input, *onnx.shape_inference.infer_shapes(model).graph.value_info]:
+        if vi.type.tensor_type.HasField("shape"):
+            dims = vi.type.tensor_type.shape.dim
+            shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    for t in model.graph.initializer:
+        shapes[t.name] = list(t.dims)
+    problems = []
+    for n in model.graph.node:
+        if n.domain != domain:
+            continue
+        known = [shapes[i] for i in n.input if i in shapes]
+        rank = max((len(s) for s in known), default=0)
+        for k in range(1, rank + 1):
+            dims = {s[-k] for s in known if len(s) >= k and s[-k] is not None and s[-k] != 1}
+            if len(dims) > 1:
+                problems.append(f"{n.op_type} '{n.name or n.output[0]}': inputs do not broadcast together "
+                                f"({', '.join(f'{i}: {shapes.get(i)}' for i in n.input)})")
+                break
+    return problems
 
 
 def _canonical(f: onnx.FunctionProto) -> bytes:
@@ -235,11 +262,19 @@ class Validation:
         fixed = specs[0].shape[0] if specs and specs[0].shape else None
         data = load_dataset(a.data, specs, a.samples, a.seed, a.preprocess, a.limit)
         self.checks.append(check_onnx(model))
-        self.checks += check_opset(model)
+        opset_checks = check_opset(model)
+        self.checks += opset_checks
         self.checks.append(check_certificate(model))
         self.info.update(inputs=data.description, samples=data.count, batch=fixed or a.batch,
                          input_specs=[s.describe() for s in specs], backends=a.backends)
-        self.tmap = compare.tensor_map(model)
+        if any(c.status == FAILED for c in opset_checks):  # malformed private ops can abort the process
+            self.checks.append(Check("runs", SKIPPED, "not run: the private opset check failed"))
+            return
+        try:
+            self.tmap = compare.tensor_map(model)
+        except (ValueError, TypeError) as e:  # damaged metadata: the per-tensor comparisons are lost
+            self.tmap = {}
+            self.checks.append(Check("tensor map (metadata)", WARNING, f"unreadable: {_one_line(e)}"))
         # u8_gemm None: the runner's default (re-encode for the library only); --int8-gemm: never
         factory = lambda b, m, t: make_runner(b, m, t, u8_gemm=False if a.int8_gemm else None)  # noqa: E731
         self.runners = self._start([(b, factory, model) for b in a.backends])
