@@ -371,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         return commands[args.command](args)
     except ConversionError as e:
         print_error(e)
+    except SystemExit as e:  # argparse: --help, --version (0) and usage errors (2, already printed)
+        return e.code if isinstance(e.code, int) else 2
     except OSError as e:
         print_error(os_error_line(e))
     except MemoryError:

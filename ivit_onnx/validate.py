@@ -614,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except (ConversionError, InputError) as e:
         print_error(e)
+    except SystemExit as e:  # argparse: --help, --version (0) and usage errors (2, already printed)
+        return e.code if isinstance(e.code, int) else 2
     except OSError as e:
         print_error(os_error_line(e))
     except MemoryError:
