@@ -33,9 +33,9 @@ def floor_div(a, d) -> Tensor:
 
 
 def round_shift(t, c) -> Tensor:
-    """``floor((t + floor(2**c / 2)) / 2**c)``: round half up."""
-    p = pow2(c)
-    return floor_div(i64(t) + p // 2, p)
+    """``floor((t + floor(2**c / 2)) / 2**c)``: round half up (int64 ``>>`` is floor division by ``2**c``)."""
+    c = i64(c)
+    return (i64(t) + (pow2(c) >> 1)) >> c
 
 
 def saturate(y: Tensor, qmin: int, qmax: int, like: Tensor) -> Tensor:
@@ -62,11 +62,11 @@ def iadd(
 
 def shift_exp(d: Tensor, x0: int, n: int) -> Tensor:
     """ShiftExp of int64 ``d <= 0``: ``~ 2**n * x0 * e**(d/x0)`` (opset ``shift_exp``)."""
-    p = d + floor_div(d, 2) - floor_div(d, 16)
+    p = d + (d >> 1) - (d >> 4)
     p = torch.clamp(p, min=-n * x0)
     q = floor_div(-p, x0)
     r = -p - q * x0
-    return (x0 + floor_div(-r, 2)) * pow2(n - q)
+    return (x0 + ((-r) >> 1)) << (n - q)
 
 
 def int_div(e: Tensor, s: Tensor, bits: int) -> Tensor:
@@ -109,7 +109,7 @@ def ilayernorm(
     x = i64(x)
     d = x * (1 << shift_in) - floor_div(_row_sum(x) * (1 << shift_in), x.shape[-1])
     r = isqrt(torch.clamp(_row_sum(d * d), min=1))
-    u = floor_div(d * floor_div(torch.full_like(r, 1 << 61), r), 1 << (61 - p))
+    u = (d * floor_div(torch.full_like(r, 1 << 61), r)) >> (61 - p)
     y = round_shift(u * i64(multiplier) + i64(bias), shift) + i64(y_zero_point)
     return saturate(y, qmin, qmax, y_zero_point)
 

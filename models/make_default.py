@@ -52,11 +52,15 @@ def train_digits_vit(x: np.ndarray, y: np.ndarray, log: bool = True) -> VisionTr
 def _train(x: np.ndarray, y: np.ndarray, cfg: dict, log: bool) -> VisionTransformer:
     """The training loop proper (global torch settings are handled by the caller)."""
     torch.manual_seed(cfg["seed"])
-    model = vit(**MODEL_CONFIG)
+    return fit(vit(**MODEL_CONFIG), x, y, cfg, log)
+
+
+def fit(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, cfg: dict, log: bool, tag: str = "epoch"):
+    """AdamW, linear warmup over ``cfg['warmup_epochs']`` (0: none), cosine decay, seeded shuffling."""
     x_t, y_t = torch.from_numpy(x), torch.from_numpy(y)
     steps_per_epoch = math.ceil(len(y) / cfg["batch_size"])
     total = cfg["epochs"] * steps_per_epoch
-    warmup = cfg["warmup_epochs"] * steps_per_epoch
+    warmup = max(1, cfg["warmup_epochs"] * steps_per_epoch)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / total))
@@ -73,7 +77,7 @@ def _train(x: np.ndarray, y: np.ndarray, cfg: dict, log: bool) -> VisionTransfor
             sched.step()
             total_loss += loss.item() * len(idx)
         if log:
-            print(f"epoch {epoch + 1}/{cfg['epochs']}: loss {total_loss / len(y):.4f}", flush=True)
+            print(f"{tag} {epoch + 1}/{cfg['epochs']}: loss {total_loss / len(y):.4f}", flush=True)
     return model.eval()
 
 

@@ -1,0 +1,89 @@
+"""QAT trains what is deployed: the torch integer model == its export converted by ``ivit-onnx rewrite``.
+
+The digits ViT (bundled FP32 weights), min/max-calibrated, 4-bit weights, a few QAT steps (EMA scales and
+weights move), then: the integer ONNX graph's logits on the whole digits test split equal the QAT model's,
+bit for bit; and the straight-through gradients reach every parameter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ivit_onnx.models import bundled, digits  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from ivit_onnx.models.make_default import QUANT_CONFIG
+    from ivit_onnx.models.qat import qat
+    from ivit_onnx.models.qat_digits import QAT_CONFIG, finetune, load_fp32_onnx
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x_tr, y_tr, x_te, y_te = digits.load_digits_split()
+        qm = qat(
+            load_fp32_onnx(bundled.default_fp32_path()),
+            [torch.from_numpy(x_tr[:256])],
+            weight_bits=4,
+            **QUANT_CONFIG,
+        )
+        before = {n: m.scale.item() for n, m in qm.fq.named_modules() if hasattr(m, "calibrating")}
+        finetune(qm, x_tr[:96], y_tr[:96], {**QAT_CONFIG, "epochs": 1}, log=False)
+        with torch.no_grad():
+            logits = qm(torch.from_numpy(x_te)).numpy()
+    finally:
+        torch.set_num_threads(threads)
+    return qm, before, x_te, y_te, logits, tmp_path_factory.mktemp("qat")
+
+
+def test_integer_graph_equals_qat_model_bit_for_bit(trained):
+    import onnx
+
+    from ivit_onnx import rewrite
+    from ivit_onnx.models.export import export_onnx
+    from ivit_onnx.opset.ort_library import session
+
+    qm, _, x, y, logits, tmp = trained
+    export_onnx(qm.fq, torch.from_numpy(x[:2]), tmp / "fq.onnx", exporter="dynamo", opset=17)
+    model, report = rewrite(tmp / "fq.onnx", tmp / "int.onnx")
+    assert report.notes["float_islands"] == []
+    got = session(onnx.load(str(tmp / "int.onnx")), "functions").run(None, {"input": x})[0]
+    assert got.dtype == logits.dtype == np.float32 and got.shape == (len(y), 10)
+    diff = np.argwhere(got != logits)
+    assert not len(diff), f"{len(diff)} of {logits.size} logits differ, first at {tuple(diff[0])}"
+    assert (logits.argmax(-1) == y).mean() > 0.8  # a working classifier, not a degenerate constant
+
+
+def test_qat_steps_move_scales_and_weights(trained):
+    qm, before, *_ = trained
+    after = {n: m.scale.item() for n, m in qm.fq.named_modules() if hasattr(m, "calibrating")}
+    assert any(after[n] != before[n] for n in before), "EMA never updated an activation scale"
+    assert after["blocks.0.attn.q_prob"] == before["blocks.0.attn.q_prob"] == 2**-8  # fixed softmax scale
+    w = qm.fq.blocks[0].mlp.fc1
+    q = torch.round(w.weight / w.w_scale[:, None])
+    assert q.abs().max() <= 7  # 4-bit weights in the int8 container
+
+
+def test_straight_through_gradients_reach_every_parameter(trained):
+    qm, _, x, y, *_ = trained
+    qm.eval()  # no EMA step: the scales the other tests see stay put
+    loss = torch.nn.functional.cross_entropy(qm(torch.from_numpy(x[:16])), torch.from_numpy(y[:16]))
+    grads = torch.autograd.grad(loss, list(qm.parameters()), allow_unused=True)
+    names = [n for n, _ in qm.named_parameters()]
+    dead = [n for n, g in zip(names, grads, strict=True) if g is None or not torch.any(g != 0)]
+    assert not dead, f"no gradient for {dead}"
+
+
+def test_unsupported_models_are_refused():
+    from ivit_onnx.models.qat import qat
+    from ivit_onnx.models.vit import vit
+
+    model = vit(8, 2, 1, 10, 16, 1, 2, distilled=True)
+    with pytest.raises(ValueError, match="distillation"):
+        qat(model, [torch.zeros(2, 1, 8, 8)])
+    with pytest.raises(ValueError, match="int8"):
+        qat(vit(8, 2, 1, 10, 16, 1, 2), [torch.zeros(2, 1, 8, 8)], act_dtype="uint8")
