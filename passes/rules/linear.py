@@ -51,6 +51,16 @@ def _fit_int32(lw: Lowerer, a_in, b_in, k: int):
     return _narrowed(lw, *a_in, bits_a), _narrowed(lw, *b_in, bits_b)
 
 
+def _tightened(t: Affine, a: Affine, ib, b: Affine) -> Affine:
+    """A constant right operand bounds the accumulator by ``max|a| * max_j sum_k |w_kj|``, far below
+    ``k * max|a| * max|w|``: later narrowing and rescaling keep more of the real range's bits."""
+    w = const_array(ib) if isinstance(ib, gs.Constant) else None
+    if w is None or w.ndim < 2:
+        return t
+    l1 = int(np.max(np.sum(np.abs(w.astype(np.int64) - b.zero_point), axis=-2), initial=0))
+    return Affine(t.scale, t.zero_point, t.dtype, bound=min(t.bound, max(a.bound * l1, 1)))
+
+
 def _integer_matmul(lw: Lowerer, a_in, b_in, k: int, hint: str, out_shape):
     (ia, a), (ib, b) = a_in, b_in
     if a.dtype in _EIGHT_BIT and b.dtype in _EIGHT_BIT:
@@ -68,7 +78,7 @@ def _integer_matmul(lw: Lowerer, a_in, b_in, k: int, hint: str, out_shape):
         cb = lw.node("Cast", [ib], np.int32, "cast_b", attrs={"to": np.int32})
         out = lw.node("MatMul", [ca, cb], np.int32, hint, shape=out_shape)
         lw.ctx.count("lower_integer", "MatMul int32")
-    return out, qparams.accumulator(a, b, k)
+    return out, _tightened(qparams.accumulator(a, b, k), a, ib, b)
 
 
 def _weight_operand(lw: Lowerer, t: gs.Tensor):

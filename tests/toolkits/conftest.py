@@ -1,0 +1,3 @@
+"""The end-to-end tests' digits fixtures (trained ViT, split, FP32 file), for the toolkit tests."""
+
+from tests.e2e.conftest import digits, digits_fp32_path, digits_torch  # noqa: F401
