@@ -30,6 +30,9 @@ _LAZY = {
     # quant.py, export.py (torch)
     "quantize": "quant",
     "act_quantizers": "quant",
+    # qat.py (torch): QAT whose forward is the integer graph
+    "qat": "qat",
+    "IntegerViT": "qat",
     "export_onnx": "export",
     # runtime.py (onnxruntime)
     "ort_session": "runtime",
