@@ -90,9 +90,13 @@ def io_specs(model: onnx.ModelProto, shape: dict | None = None) -> tuple[list[di
 
 
 def import_relax(model: onnx.ModelProto, inputs: list[dict], int8: bool = True) -> tuple[tvm.IRModule, int]:
-    """Prepared ONNX -> Relax (weights as constants); with ``int8``, MatMulInteger operands stay 8-bit."""
-    mod = from_onnx(model, shape_dict={i["name"]: i["shape"] for i in inputs},
-                    dtype_dict={i["name"]: i["dtype"] for i in inputs}, keep_params_in_input=False)
+    """Prepared ONNX -> Relax (weights as constants); with ``int8``, MatMulInteger operands stay 8-bit.
+    ``ai.ivit`` nodes left by ``prepare_for_tvm(keep_ops=...)`` become the TIR kernels of :mod:`.kernels`."""
+    from .kernels import ivit_converters
+
+    with ivit_converters():
+        mod = from_onnx(model, shape_dict={i["name"]: i["shape"] for i in inputs},
+                        dtype_dict={i["name"]: i["dtype"] for i in inputs}, keep_params_in_input=False)
     return int8_matmul(mod) if int8 else (mod, 0)
 
 
@@ -111,8 +115,10 @@ def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     passes = _backend(target).library_dispatch_passes(target) + [
         relax.transform.LegalizeOps(LEGALIZE), relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    from .kernels import schedule_row_kernels
+
     with target:
-        return tvm.transform.Sequential(passes)(mod)
+        return schedule_row_kernels(tvm.transform.Sequential(passes)(mod), target)
 
 
 def relax_pipeline(target: tvm.target.Target, database=None, chains: bool = True) -> tvm.transform.Pass:
@@ -141,7 +147,7 @@ def relax_pipeline(target: tvm.target.Target, database=None, chains: bool = True
 
 def compile_model(model_or_path, target="llvm", arch: str | None = None, out=None, tune_trials: int = 0,
                   tune_db=None, shape: dict | None = None, int8: bool = True,
-                  fast_math: bool = False, progress=None) -> Artifact:
+                  fast_math: bool = False, progress=None, kernels: bool = True) -> Artifact:
     """Compile an (integer) ONNX model for ``target``; with ``out`` (a ``.so`` path) export it + ``.json``.
 
     On cuda, CUDA source is compiled with IEEE float flags (:func:`.cuda.exact_cuda_compile`) unless
@@ -150,11 +156,14 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
     ``tune_trials > 0`` runs meta-schedule tuning into the database directory ``tune_db`` (a temporary one if
     None) first; an existing ``tune_db`` with ``tune_trials == 0`` only applies the schedules stored there.
     ``progress``: called with the name of each stage as it starts (the CLI prints them).
+    ``kernels``: the private ops as the fused TIR kernels of :mod:`.kernels` (else their inlined bodies).
     """
     say = progress or (lambda _stage: None)
     say("preparing the graph")
     model = onnx.load(str(model_or_path)) if isinstance(model_or_path, str | os.PathLike) else model_or_path
-    prepared = prepare_for_tvm(model)
+    from .kernels import KERNEL_OPS
+
+    prepared = prepare_for_tvm(model, keep_ops=KERNEL_OPS if kernels else ())
     inputs, outputs = io_specs(prepared, shape)
     say("importing into Relax")
     mod, n_int8 = import_relax(prepared, inputs, int8)
@@ -176,7 +185,8 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
     target_dict = {k: (v if isinstance(v, int | str) else str(v)) for k, v in tgt.attrs.items()}
     target_dict["kind"] = tgt.kind.name
     info = {"format": FORMAT, "tvm": tvm.__version__, "int8_matmuls": n_int8, "tune_trials": tune_trials,
-            "tune_db": str(tune_db) if tune_db else None, "fast_math": bool(fast_math)}
+            "tune_db": str(tune_db) if tune_db else None, "fast_math": bool(fast_math),
+            "kernels": bool(kernels)}
     art = Artifact(executable, inputs, outputs, target_dict, None, info)
     if out is not None:
         export(art, out)

@@ -53,8 +53,11 @@ def foreign_nodes(graph: onnx.GraphProto) -> list[str]:
     return found
 
 
-def prepare_for_tvm(model: onnx.ModelProto) -> onnx.ModelProto:
+def prepare_for_tvm(model: onnx.ModelProto, keep_ops=()) -> onnx.ModelProto:
     """A copy of ``model`` with the private ops inlined from fresh bodies, in forms TVM imports bit-exactly.
+
+    ``keep_ops``: private op types left as ``ai.ivit`` nodes (not inlined), for the frontend converters
+    of :mod:`.kernels` (imported within ``kernels.ivit_converters()``).
 
     The result is meant for TVM only: general ConvInteger becomes an int32 ``Conv`` and wrapping uint64
     floor shifts signed BitShifts, which onnxruntime does not run (:mod:`.conv`, :mod:`.wrap`).
@@ -65,12 +68,15 @@ def prepare_for_tvm(model: onnx.ModelProto) -> onnx.ModelProto:
     out.CopyFrom(model)
     if used_ops(out):
         attach_functions(out)  # the bodies that match the reference kernels, whatever the file carried
+    kept = [f for f in out.functions if f.domain == DOMAIN and f.name in keep_ops]
+    for f in kept:
+        out.functions.remove(f)
     out = onnx.inliner.inline_local_functions(out, convert_version=False)
     del out.functions[:]
-    keep = [i for i in out.opset_import if i.domain in DEFAULT_DOMAINS]
+    keep = [i for i in out.opset_import if i.domain in DEFAULT_DOMAINS or (kept and i.domain == DOMAIN)]
     del out.opset_import[:]
     out.opset_import.extend(keep)
-    left = foreign_nodes(out.graph)
+    left = [n for n in foreign_nodes(out.graph) if not any(n.endswith(f"({DOMAIN}.{op})") for op in keep_ops)]
     if left:
         raise ValueError(f"nodes outside the default domain after inlining (TVM would map them by op_type): "
                          f"{left[:10]}{' ...' if len(left) > 10 else ''}")

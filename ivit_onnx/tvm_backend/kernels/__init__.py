@@ -1,0 +1,23 @@
+"""Fused TIR kernels for the private ``ai.ivit`` ops, reached through TVM's relax ONNX frontend.
+
+Instead of inlining the ops' int64 function bodies (long elementwise chains: ~120 CUDA kernels for
+DeiT-Tiny, 64-bit divisions per element), ``prepare_for_tvm(keep_ops=KERNEL_OPS)`` leaves the private
+nodes in place and :func:`.frontend.ivit_converters` gives the frontend a converter per op:
+
+- Requantize, IAdd, ShiftGELU (:mod:`.elementwise`): one injective ``te.compute`` each, fused by Relax
+  into the producing GEMM's epilogue or the neighbouring elementwise ops;
+- Shiftmax, ILayerNorm (:mod:`.rows`): one opaque kernel each (a thread block per row on cuda, parallel
+  rows on llvm), scheduled by :func:`.frontend.schedule_row_kernels` right after fusion.
+
+Every kernel equals the numpy reference (``opset/<op>.py``) bit for bit on the inputs the opset allows;
+:mod:`.arith` holds the shared integer primitives.
+"""
+
+from __future__ import annotations
+
+from .frontend import ivit_converters, schedule_row_kernels
+
+#: the private ops that have kernels here (all five)
+KERNEL_OPS = ("Requantize", "IAdd", "ShiftGELU", "Shiftmax", "ILayerNorm")
+
+__all__ = ["KERNEL_OPS", "ivit_converters", "schedule_row_kernels"]

@@ -1,0 +1,141 @@
+"""TE twins of the opset's integer primitives (``opset/_int.py``, ``opset/shift_exp.py``), as expressions.
+
+Every helper returns a TIR expression for one output element, so an op is one ``te.compute`` whose
+intermediates are ``Let`` bindings (computed once, never a buffer). Floor division by ``2**c`` is an
+arithmetic right shift of a signed value (TVM's ``>>`` on signed types), never a division; division by a
+compile-time constant is a truncating division of a non-negative value (compilers turn it into a multiply).
+Widths: int32 wherever the op's attributes and input dtype bound the value below ``2**31``, else int64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+I32, I64 = "int32", "int64"
+#: ``2**62 - 1``, the dividend of IntDiv's reciprocal (``opset/_int.RECIP_M``)
+RECIP_M = (1 << 62) - 1
+
+
+def const(value: int, dtype: str = I64) -> tirx.PrimExpr:
+    return tirx.const(int(value), dtype)
+
+
+def let(value: tirx.PrimExpr, body, name: str = "v") -> tirx.PrimExpr:
+    """``body(v)`` with ``v`` bound once to ``value`` (a TIR Let: computed once where ``v`` is read twice)."""
+    var = tirx.Var(name, dtype_of(value))
+    return tirx.Let(var, value, body(var))
+
+
+def dtype_of(x) -> str:
+    """The dtype of a TIR expression (``TensorSlice.dtype``, else its type)."""
+    return str(x.dtype) if hasattr(x, "dtype") else str(x.ty)
+
+
+def wide(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    return x if dtype_of(x) == I64 else x.astype(I64)
+
+
+def at(t: te.Tensor, index: list, out_shape: list) -> tirx.PrimExpr:
+    """``t`` read at output ``index`` with numpy broadcasting (static shapes; size-1 axes read index 0)."""
+    rank, out_rank = len(t.shape), len(out_shape)
+    idx = []
+    for k, dim in enumerate(t.shape):
+        o = out_rank - rank + k
+        same = (
+            isinstance(dim, tirx.IntImm)
+            and isinstance(out_shape[o], tirx.IntImm)
+            and int(dim) == int(out_shape[o])
+        )
+        idx.append(index[o] if same or not (isinstance(dim, tirx.IntImm) and int(dim) == 1) else 0)
+    return t[tuple(idx)]
+
+
+def bits_of(dtype: str) -> tuple[int, int]:
+    """(min, max) of an integer dtype."""
+    info = np.iinfo(np.dtype(str(dtype)))
+    return int(info.min), int(info.max)
+
+
+def round_shift(t: tirx.PrimExpr, c: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``floor((t + floor(2**c/2)) / 2**c)`` of int64 ``t`` (``|t| + 2**(c-1) < 2**62``, ``0 <= c <= 62``)."""
+    c = wide(c)
+    return (t + ((const(1) << c) >> const(1))) >> c
+
+
+def saturate(y: tirx.PrimExpr, qmin: int, qmax: int, dtype: str) -> tirx.PrimExpr:
+    """``clip(y, qmin, qmax)`` cast to ``dtype`` (never wraps: ``[qmin, qmax]`` lies inside ``dtype``)."""
+    dt = dtype_of(y)
+    return tirx.max(tirx.min(y, const(qmax, dt)), const(qmin, dt)).astype(str(dtype))
+
+
+def _p_of(d: int) -> int:
+    """The shift-exp's ``d + floor(d/2) - floor(d/16)`` in Python integers."""
+    return d + (d >> 1) - (d >> 4)
+
+
+def exp_floor(x0: int, n: int) -> int:
+    """A ``D <= 0`` with ``p(D) <= -n*x0``: since ``p`` is non-decreasing, ``shift_exp(max(d, D)) ==
+    shift_exp(d)`` for every ``d <= 0`` (both clamp), and ``|max(d, D)|`` is bounded by about ``0.7 n x0``."""
+    d = -((n * x0 * 16) // 23)
+    while _p_of(d) > -n * x0:
+        d -= 1
+    return d
+
+
+def exp_dtype(x0: int, n: int) -> str:
+    """int32 for the shift-exp's ``p, q, r`` when ``n*x0`` (their bound, with margin) fits, else int64."""
+    return I32 if 2 * (n + 1) * x0 < 2**31 else I64
+
+
+def shift_exp(d: tirx.PrimExpr, x0: int, n: int) -> tirx.PrimExpr:
+    """``opset.shift_exp.shift_exp`` of int64 ``d <= 0``, as int64 (``1 <= e <= x0 * 2**n``).
+
+    ``d`` is first raised to :func:`exp_floor` (exact, see there) so ``p, q, r`` fit :func:`exp_dtype`; the
+    division by ``x0`` is a truncating division of ``-p >= 0`` by a constant."""
+    dt = exp_dtype(x0, n)
+    d = tirx.max(wide(d), const(exp_floor(x0, n))).astype(dt)
+
+    def from_d(d):
+        p = tirx.max(d + (d >> const(1, dt)) - (d >> const(4, dt)), const(-n * x0, dt))
+        return let(
+            -p,
+            lambda neg_p: let(
+                tirx.truncdiv(neg_p, const(x0, dt)),
+                lambda q: (
+                    (const(x0, dt) - ((neg_p - q * const(x0, dt) + const(1, dt)) >> const(1, dt))).astype(I64)
+                    << (const(n, dt) - q).astype(I64)
+                ),
+                "q",
+            ),
+            "neg_p",
+        )
+
+    return let(d, from_d, "d")
+
+
+def int_div(e: tirx.PrimExpr, f: tirx.PrimExpr, bits: int) -> tirx.PrimExpr:
+    """IntDiv's ``floor(e * f / 2**(62-bits))`` given the reciprocal ``f = floor((2**62-1) / s)``."""
+    return (wide(e) * f) >> const(62 - bits)
+
+
+def isqrt_stages(v: te.Tensor) -> te.Tensor:
+    """Exact ``floor(sqrt(v))`` of int64 ``0 <= v < 2**62``, digit by digit: 31 small stages over ``v``'s
+    shape (no division; a chain of ``Let`` bindings trips TVM's simplifier). Any exact integer square root
+    equals the reference's Newton iteration (``opset.ilayernorm.isqrt``)."""
+
+    def stage(rem, res, bit):
+        def step(*i):
+            r = const(0) if res is None else res[i]
+            ge = rem[i] >= r + bit
+            return [
+                tirx.Select(ge, rem[i] - r - bit, rem[i]),
+                tirx.Select(ge, (r >> const(1)) + bit, r >> const(1)),
+            ]
+
+        return step
+
+    rem, res = v, None
+    for k in range(30, -1, -1):
+        rem, res = te.compute(v.shape, stage(rem, res, const(1 << (2 * k))), name=f"isqrt{k}")
+    return res

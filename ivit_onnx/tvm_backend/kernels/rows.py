@@ -1,0 +1,143 @@
+"""Shiftmax and ILayerNorm as one kernel per op: reductions over the row, one division per row.
+
+The compute (``te``) is written as stages: row reductions (``max``, ``sum``), per-row scalars (the
+reciprocal ``floor((2**62-1)/sum)``; the mean, ``isqrt`` and ``floor(2**61/r)``), full-size intermediates
+recomputed where read (the shift-exp, the centred value) and the output. :func:`schedule` turns it into
+one kernel: on cuda a thread block per row, reductions across its threads (warp shuffles + shared memory,
+TVM's cross-thread reduction), per-row scalars computed by every thread in registers (one division per
+row and thread, none per element); on llvm rows in parallel, each row's stages in its own loop.
+int32 where the stated bounds allow: the row max, the shift-exp (:func:`.arith.exp_dtype`), the centred
+value of ILayerNorm (``|d| < 2**31`` by its precondition ``C * max|d|**2 < 2**62``) and ILayerNorm's
+``sum(x)`` for int8/int16 rows; the exp sum and the variance are int64 (``< 2**62``).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, te, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+
+from .arith import (
+    I32,
+    I64,
+    RECIP_M,
+    at,
+    bits_of,
+    const,
+    int_div,
+    isqrt_stages,
+    let,
+    round_shift,
+    saturate,
+    shift_exp,
+    wide,
+)
+
+#: attribute marking a row kernel for :func:`schedule` (value: the op type)
+KERNEL_ATTR = "ivit.row_kernel"
+
+
+def _row(i):
+    return i[:-1]
+
+
+def shiftmax(x, zy, *, x0: int, n: int, bits: int) -> te.Tensor:
+    """``opset.shiftmax.reference`` over the last axis."""
+    shape, rows, length = list(x.shape), list(x.shape[:-1]), x.shape[-1]
+    k = te.reduce_axis((0, length), "k")
+    mx = te.compute(rows, lambda *r: te.max(x[r + (k,)].astype(I32), axis=k), name="row_max")
+
+    def exp(*i):
+        return shift_exp(wide(x[i]) - wide(mx[_row(i)]), x0, n)
+
+    k2 = te.reduce_axis((0, length), "k2")
+    total = te.compute(rows, lambda *r: te.sum(exp(*r, k2), axis=k2), name="row_sum")
+    # uint64 (value < 2**62): TVM's StorageRewrite would otherwise reuse the sum's buffer in place, which on
+    # cuda is the shared all-reduce result that other threads may still be reading (a race)
+    recip = te.compute(
+        rows, lambda *r: tirx.truncdiv(const(RECIP_M), total[r]).astype("uint64"), name="row_recip"
+    )
+    return te.compute(
+        shape,
+        lambda *i: (int_div(exp(*i), wide(recip[_row(i)]), bits) + wide(at(zy, i, shape))).astype(
+            str(zy.dtype)
+        ),
+        name="ivit_shiftmax",
+    )
+
+
+def ilayernorm(x, b, c, bias, zy, *, shift_in: int, p: int, qmin: int, qmax: int) -> te.Tensor:
+    """``opset.ilayernorm.reference`` over the last axis (``isqrt`` digit by digit, exact)."""
+    shape, rows, length = list(x.shape), list(x.shape[:-1]), int(x.shape[-1])
+    lo, hi = bits_of(x.dtype)
+    sum_dt = I32 if max(-lo, hi) * length < 2**31 else I64
+    k = te.reduce_axis((0, length), "k")
+    sx = te.compute(rows, lambda *r: te.sum(x[r + (k,)].astype(sum_dt), axis=k), name="row_sum")
+    scale_in = const(1 << shift_in)
+    mean = te.compute(rows, lambda *r: tirx.floordiv(wide(sx[r]) * scale_in, const(length)), name="row_mean")
+
+    def d(*i):  # |d| < 2**31 by the precondition
+        return (wide(x[i]) * scale_in - mean[_row(i)]).astype(I32)
+
+    k2 = te.reduce_axis((0, length), "k2")
+    var = te.compute(
+        rows, lambda *r: te.sum(let(wide(d(*r, k2)), lambda v: v * v, "d"), axis=k2), name="row_var"
+    )
+    root = isqrt_stages(te.compute(rows, lambda *r: tirx.max(var[r], const(1)), name="row_var1"))
+    recip = te.compute(
+        rows, lambda *r: tirx.truncdiv(const(1 << 61), root[r]).astype("uint64"), name="row_recip"
+    )
+
+    def out(*i):
+        u = (wide(d(*i)) * wide(recip[_row(i)])) >> const(61 - p)
+        t = u * at(b, i, shape) + at(bias, i, shape)
+        return saturate(round_shift(t, at(c, i, shape)) + wide(at(zy, i, shape)), qmin, qmax, str(zy.dtype))
+
+    return te.compute(shape, out, name="ivit_ilayernorm")
+
+
+def _threads(length: int, max_threads: int) -> int:
+    """Threads per row: about four elements each, a warp at least."""
+    t = 32
+    while t < max_threads and t * 4 < length:
+        t *= 2
+    return t
+
+
+def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
+    """One kernel for a row function of this module: cuda thread block per row, or llvm parallel rows."""
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    out = blocks[-1]
+    rank = len(sch.get_loops(out))
+    if rank == 1:
+        sch.add_unit_loop(out)
+    *row_loops, inner = sch.get_loops(out)
+    row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    length = int(sch.get(inner).extent)
+    cuda = target.kind.name == "cuda"
+    if cuda:
+        max_threads = int(target.attrs.get("max_num_threads", 1024))
+        threads = _threads(length, max_threads)
+        sch.bind(row, "blockIdx.x")
+        _, tx = sch.split(inner, factors=[None, threads])
+        sch.bind(tx, "threadIdx.x")
+    else:
+        sch.parallel(row)
+    for block in reversed(blocks[:-1]):
+        loops = sch.get_loops(block)
+        if len(loops) == rank and not _is_reduction(sch, block):  # full-size: recompute where read
+            sch.compute_inline(block)
+            continue
+        sch.compute_at(block, row, preserve_unit_loops=True)
+        if _is_reduction(sch, block):
+            if cuda:
+                _, tx = sch.split(sch.get_loops(block)[-1], factors=[None, threads])
+                sch.bind(tx, "threadIdx.x")
+            sch.set_scope(block, 0, "local")
+        else:
+            sch.set_scope(block, 0, "local")
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _is_reduction(sch, block) -> bool:
+    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
