@@ -2,8 +2,8 @@
 
 - Brevitas: ``brevitas.graph.quantize.layerwise_quantize`` (int8 weights and inputs of every Linear/Conv,
   int32 biases), calibrated in ``calibration_mode``, exported by ``brevitas.export.export_onnx_qcdq``
-  (QuantizeLinear → Clip → DequantizeLinear; TorchScript exporter, as Brevitas' dynamo path refuses
-  quantized biases).
+  (QuantizeLinear → Clip → DequantizeLinear) or ``export_qonnx`` (QONNX ``Quant``); TorchScript
+  exporter, as Brevitas' dynamo path refuses quantized biases.
 - PT2E: ``torch.export`` → torchao's ``prepare_pt2e``/``convert_pt2e`` with the ``X86InductorQuantizer``
   (its default config; ``torch.matmul`` enabled too, so attention matmuls are quantized), exported by
   the dynamo ONNX exporter. torch 2.13 no longer ships ``torch.ao.quantization.quantize_pt2e``; torchao
@@ -32,9 +32,8 @@ def _finish(path: Path) -> onnx.ModelProto:
     return model
 
 
-def brevitas_qcdq(model: torch.nn.Module, calib: Sequence[torch.Tensor], path: str | Path) -> onnx.ModelProto:
-    """Brevitas layer-wise int8 PTQ of ``model`` (a copy), exported as QCDQ ONNX (opset 17) to ``path``."""
-    from brevitas.export import export_onnx_qcdq
+def brevitas_layerwise(model: torch.nn.Module, calib: Sequence[torch.Tensor]) -> torch.nn.Module:
+    """Brevitas layer-wise int8 PTQ of a copy of ``model``, calibrated on ``calib``."""
     from brevitas.graph.calibrate import calibration_mode
     from brevitas.graph.quantize import layerwise_quantize
 
@@ -42,11 +41,22 @@ def brevitas_qcdq(model: torch.nn.Module, calib: Sequence[torch.Tensor], path: s
     with torch.no_grad(), calibration_mode(qmodel):
         for batch in calib:
             qmodel(batch)
+    return qmodel
+
+
+def brevitas_export(
+    qmodel: torch.nn.Module, example: torch.Tensor, path: str | Path, form: str = "qcdq"
+) -> onnx.ModelProto:
+    """``export_onnx_qcdq`` (form "qcdq") or ``export_qonnx`` (form "qonnx": QONNX ``Quant`` nodes, which
+    onnxruntime cannot run) of a Brevitas model, opset 17, dynamic batch."""
+    from brevitas.export import export_onnx_qcdq, export_qonnx
+
+    export = {"qcdq": export_onnx_qcdq, "qonnx": export_qonnx}[form]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        export_onnx_qcdq(
+        export(
             qmodel,
-            args=calib[0][:2],
+            args=example,
             export_path=str(path),
             opset_version=17,
             dynamo=False,
@@ -54,6 +64,11 @@ def brevitas_qcdq(model: torch.nn.Module, calib: Sequence[torch.Tensor], path: s
             output_names=[OUTPUT_NAME],
             dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
         )
+    if form == "qonnx":
+        model = onnx.load(str(path))
+        model.ir_version = min(model.ir_version, IR_VERSION)
+        onnx.save(model, str(path))
+        return model
     return _finish(Path(path))
 
 

@@ -17,6 +17,8 @@ from ivit_onnx.graph import const_array, node_label, replace_uses
 from ivit_onnx.io import quantize
 from ivit_onnx.pipeline import Context, Pass
 
+from .qonnx_quant import is_qonnx, rewrite_quant
+
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _INT_TYPES = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
 
@@ -54,9 +56,15 @@ class Normalize(Pass):
         g = ctx.graph
         if ctx.opset < 13:
             raise ConversionError(f"opset {ctx.opset} is too old: ivit-onnx needs opset 13 or newer")
-        if not any(n.op in _QDQ for n in g.nodes):
+        if not any(n.op in _QDQ or is_qonnx(n) for n in g.nodes):
             raise ConversionError("no QuantizeLinear/DequantizeLinear nodes: not a fake-quant (QDQ) model")
         changed = self._fold_constant_nodes(ctx)
+        for node in [n for n in g.nodes if is_qonnx(n)]:
+            rewrite_quant(g, node, ctx.opset)
+            ctx.count(self.name, "QONNX Quant → QuantizeLinear/DequantizeLinear")
+            changed = True
+        if changed:
+            g.cleanup().toposort()
         for node in list(g.nodes):
             if node.op in ("Identity", "Dropout") and node.outputs:
                 self._bypass(ctx, node)
@@ -68,11 +76,11 @@ class Normalize(Pass):
                 changed |= self._explicit_zero_point(ctx, node)
                 self._check_params(node)
         for node in list(g.nodes):
-            if node.op == "Clip" and self._fold_clip(ctx, node):
-                changed = True
-        for node in list(g.nodes):
             if node.op == "QuantizeLinear" and const_array(node.inputs[0]) is not None:
                 self._fold_quantize(ctx, node)
+                changed = True
+        for node in list(g.nodes):  # after the folded QuantizeLinear: QONNX/QCDQ weights are Q → Clip
+            if node.op == "Clip" and self._fold_clip(ctx, node):
                 changed = True
         g.cleanup().toposort()
         return changed
@@ -103,7 +111,10 @@ class Normalize(Pass):
         if _type_form(dt):
             raise ConversionError(f"{node_label(node)}: {_type_form(dt)}")
         zp = gs.Constant(f"{node.outputs[0].name}_zero_point", np.zeros((), dt))
-        node.inputs[2:] = [zp]
+        if len(node.inputs) > 2:
+            node.inputs[2] = zp
+        else:
+            node.inputs.append(zp)
         del node.attrs["output_dtype"]
         ctx.count("normalize", "QuantizeLinear output_dtype made a zero point")
         return True

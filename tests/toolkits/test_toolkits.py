@@ -67,18 +67,25 @@ def _strict(fq_path):
     return model, counts
 
 
-def test_brevitas_qcdq(tmp_path, digits, digits_torch):
+def test_brevitas_qcdq_and_qonnx(tmp_path, digits, digits_torch):
     pytest.importorskip("brevitas", reason="brevitas is not installed (pip install -e '.[toolkits]')")
     pytest.importorskip("onnxoptimizer", reason="Brevitas' ONNX export needs onnxoptimizer ('.[toolkits]')")
-    from ivit_onnx.models.toolkit_torch import brevitas_qcdq
+    from ivit_onnx.models.toolkit_torch import brevitas_export, brevitas_layerwise
 
-    path = tmp_path / "brevitas_qcdq.onnx"
-    fq = brevitas_qcdq(digits_torch, [torch.from_numpy(b) for b in _calib(digits)], path)
+    qmodel = brevitas_layerwise(digits_torch, [torch.from_numpy(b) for b in _calib(digits)])
+    example = torch.from_numpy(digits[2][:2])
+    path, qonnx_path = tmp_path / "brevitas_qcdq.onnx", tmp_path / "brevitas_qonnx.onnx"
+    fq = brevitas_export(qmodel, example, path, "qcdq")
     assert {"QuantizeLinear", "Clip", "DequantizeLinear"} <= {n.op_type for n in fq.graph.node}
     model, counts = _strict(path)
     # layer-wise: every Linear/Conv input and weight int8; attention matmuls stay on int32 accumulators
     assert counts["MatMulInteger"] == LINEARS and counts["MatMul"] == ATTENTION_MATMULS
     _compare(path, model, digits, "brevitas", version("brevitas"))
+    # the same quantizers as QONNX Quant nodes convert to the same integer model, output for output
+    assert {n.op_type for n in brevitas_export(qmodel, example, qonnx_path, "qonnx").graph.node} >= {"Quant"}
+    from_qonnx, qonnx_counts = _strict(qonnx_path)
+    assert qonnx_counts == counts
+    np.testing.assert_array_equal(_logits(from_qonnx, digits[2]), _logits(model, digits[2]))
 
 
 def test_pt2e_x86_inductor_quantizer(tmp_path, digits, digits_torch):
