@@ -60,6 +60,17 @@ def accumulator(a: Affine, b: Affine, k: int) -> Affine:
     return Affine(a.scale * b.scale, 0, np.int32, bound=min(k * a.bound * b.bound, INT32_MAX))
 
 
+def conv_accumulator(x: Affine, w: Affine, k: int, nd: int) -> Affine:
+    """The int32 type of an integer Conv (``k`` products per output, ``nd`` spatial dims): per channel
+    ``s_x * s_w[c]`` shaped ``[C, 1, ...]`` when the weights are per channel."""
+    scale = (
+        np.asarray(x.scale * w.scale.reshape(-1)).reshape([-1] + [1] * nd)
+        if w.scale.size > 1
+        else x.scale * w.scale
+    )
+    return Affine(scale, 0, np.int32, bound=min(k * x.bound * w.bound, INT32_MAX))
+
+
 def bias(a: Affine, value: np.ndarray) -> tuple[np.ndarray, Affine]:
     """A float bias rounded to the accumulator's scale (int32, as I-ViT) and the type of ``acc + bias``."""
     q = np.rint(value.astype(np.float64) / a.scale)

@@ -265,12 +265,7 @@ class IntegerViT(nn.Module):
         x = QT(xq, t_in, int_ops.ste(_deq(xq, t_in), x))
         conv = m.patch_embed.proj
         w_q, w_a, w_fq = self._weight(conv)
-        acc_a = Affine(
-            x.a.scale * w_a.scale.reshape(-1, 1, 1),
-            0,
-            np.int32,
-            bound=min(int(np.prod(w_q.shape[1:])) * x.a.bound * w_a.bound, qparams.INT32_MAX),
-        )
+        acc_a = qparams.conv_accumulator(x.a, w_a, int(np.prod(w_q.shape[1:])), w_q.dim() - 2)
         acc = F.conv2d(
             x.q.double(), w_q.double(), None, conv.stride, conv.padding, conv.dilation, conv.groups
         ).to(torch.int64)

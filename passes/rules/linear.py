@@ -171,12 +171,7 @@ def conv(lw: Lowerer, node: gs.Node) -> Outcome:
     lw.ctx.count("lower_integer", "ConvInteger")
     k = int(np.prod(wv.shape[1:]))
     nd = wv.ndim - 2
-    scale = (
-        np.asarray(x.scale * w.scale.reshape(-1)).reshape([-1] + [1] * nd)
-        if w.scale.size > 1
-        else x.scale * w.scale
-    )
-    t = Affine(scale, 0, np.int32, bound=min(k * x.bound * w.bound, _INT32_MAX))
+    t = qparams.conv_accumulator(x, w, k, nd)
     if len(node.inputs) > 2 and node.inputs[2].name:
         bias = lw.const_float(node.inputs[2])
         if bias is None:
