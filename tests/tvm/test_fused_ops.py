@@ -1,0 +1,178 @@
+"""The fused TIR kernels of ``tvm_backend.kernels`` (the default TVM path): bit-exact against the numpy
+reference on the cases the generic generators miss (ShiftGELU's table and division paths, int64 shift-exps,
+int32 ILayerNorm rows of 4096), equal to the inlined bodies on a chained block and a DeiT-shaped model, and
+on cuda one kernel per row op with at most one 64-bit division (per row), none in the other kernels."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+from _tvm_cases import batch_feeds, batch_model, chain_model
+
+from ivit_onnx.opset import OPS
+from ivit_onnx.opset.reference import evaluator
+from ivit_onnx.opset.shift_exp import max_n
+
+tvm = pytest.importorskip("tvm")
+from ivit_onnx.tvm_backend import compile_model, prepare_for_tvm  # noqa: E402
+from ivit_onnx.tvm_backend.compile import fuse, import_relax, io_specs, make_target  # noqa: E402
+from ivit_onnx.tvm_backend.cuda import cuda_sources, to_ptx  # noqa: E402
+from ivit_onnx.tvm_backend.kernels import KERNEL_OPS  # noqa: E402
+from ivit_onnx.tvm_backend.kernels.arith import exp_dtype  # noqa: E402
+from ivit_onnx.tvm_backend.kernels.elementwise import gelu_table_range  # noqa: E402
+from ivit_onnx.tvm_backend.kernels.rows import KERNEL_ATTR  # noqa: E402
+
+pytestmark = pytest.mark.tvm
+
+I32 = np.iinfo(np.int32)
+
+
+def _check(op: str, cases: list) -> None:
+    art = compile_model(batch_model(op, cases))
+    assert art.info["kernels"]
+    for (inputs, attrs), out in zip(cases, art.run(batch_feeds(cases)), strict=True):
+        ref = OPS[op].run(*inputs, **attrs)
+        assert out.dtype == ref.dtype
+        np.testing.assert_array_equal(out, ref, err_msg=f"{op} {attrs}")
+
+
+def _extreme(rng, shape, dt) -> np.ndarray:
+    info = np.iinfo(dt)
+    x = rng.integers(info.min, info.max, shape, endpoint=True, dtype=np.int64)
+    x.reshape(-1)[:2] = info.min, info.max
+    return x.astype(dt)
+
+
+def test_shiftgelu_table_and_division_paths():
+    """int8 (table of 256), int32 with a DeiT-like x0 (table of ~44k) and a large x0 (per-element division),
+    per-tensor and per-channel multipliers."""
+    rng = np.random.default_rng(5)
+    cases = []
+    for xt, x0, n, per_channel in (
+        (np.int8, 30, 20, False),
+        (np.int32, 1045, 30, True),
+        (np.int32, 2**20, 30, False),
+        (np.int16, 3, 30, True),
+    ):
+        x = _extreme(rng, (2, 5, 24), xt)
+        x.reshape(-1)[2:8] = [-1, 0, 1, 2 * x0, -2 * x0, x0 // 2]
+        mshape = (24,) if per_channel else ()
+        b = rng.integers(-(2**20), 2**20, mshape, dtype=np.int64)
+        cases.append(
+            (
+                [x, b, np.full(mshape, 30, np.int64), np.int8(3)],
+                {"x0": x0, "n": n, "bits": 15, "qmin": -128, "qmax": 127},
+            )
+        )
+    paths = [gelu_table_range(np.dtype(c[0][0].dtype).name, c[1]["x0"], c[1]["n"]) is not None for c in cases]
+    assert paths == [True, True, False, True]
+    _check("ShiftGELU", cases)
+
+
+def test_shiftmax_int64_exp_and_rows():
+    """x0 large enough for the int64 shift-exp, rows of 1 and 4096 tokens, constant rows."""
+    rng = np.random.default_rng(6)
+    big = 2**26
+    assert exp_dtype(big, max_n(big, 64)) == "int64" and exp_dtype(1234, 30) == "int32"
+    cases = [
+        ([_extreme(rng, (3, 64), np.int32), np.int8(-128)], {"x0": big, "n": max_n(big, 64), "bits": 8}),
+        ([_extreme(rng, (2, 1), np.int16), np.uint8(0)], {"x0": 7, "n": 30, "bits": 8}),
+        ([np.full((1, 2, 4096), 9, np.int32), np.int32(5)], {"x0": 1234, "n": max_n(1234, 4096), "bits": 30}),
+    ]
+    _check("Shiftmax", cases)
+
+
+def test_ilayernorm_int32_long_rows():
+    """int32 rows (the kernel's int64 row sum) of 4096 and int16 rows at the precondition's edge."""
+    rng = np.random.default_rng(7)
+    cases = []
+    for xt, ch, xmax, shift_in in (
+        (np.int32, 4096, 2**24, 0),
+        (np.int16, 768, None, 10),
+        (np.uint8, 3, None, 16),
+    ):
+        x = _extreme(rng, (2, ch), xt) if xmax is None else rng.integers(-xmax, xmax, (2, ch)).astype(xt)
+        b = rng.integers(-(2**29), 2**29, ch, dtype=np.int64)
+        bias = rng.integers(-(2**58), 2**58, ch, dtype=np.int64)
+        cases.append(
+            (
+                [x, b, np.full(ch, 40, np.int64), bias, np.int16(-7)],
+                {"shift_in": shift_in, "p": 30, "qmin": -32768, "qmax": 32767},
+            )
+        )
+    _check("ILayerNorm", cases)
+
+
+def test_kernels_replace_bodies_and_match_them():
+    """The private ops reach Relax as kernel calls (row ops as their own scheduled functions, no inlined
+    chains), and the kernel build equals the inlined-body build and the reference evaluator."""
+    rng = np.random.default_rng(0)
+    model = chain_model(rng)
+    prepared = prepare_for_tvm(model, keep_ops=KERNEL_OPS)
+    assert sorted(n.op_type for n in prepared.graph.node if n.domain == "ai.ivit") == sorted(
+        ["Requantize", "ShiftGELU", "Shiftmax", "ILayerNorm", "IAdd"]
+    )
+    mod, _ = import_relax(prepared, io_specs(prepared)[0])
+    fused = fuse(mod, make_target("llvm"))
+    rows = [
+        f.attrs[KERNEL_ATTR]
+        for _, f in fused.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and KERNEL_ATTR in f.attrs
+    ]
+    assert sorted(rows) == ["ILayerNorm", "Shiftmax"]
+    x = rng.integers(0, 256, (2, 8, 16)).astype(np.uint8)
+    fast = compile_model(model).run({"x": x})
+    inlined = compile_model(model, kernels=False).run({"x": x})
+    for a, b, ref in zip(fast, inlined, evaluator(model).run(None, {"x": x}), strict=True):
+        np.testing.assert_array_equal(a, ref)
+        np.testing.assert_array_equal(b, ref)
+
+
+def div64_per_kernel(ptx: str) -> dict[str, int]:
+    """``(div|rem).[su]64`` instructions per ``.entry`` of PTX text."""
+    counts, name = {}, None
+    for line in ptx.splitlines():
+        entry = re.search(r"\.entry\s+(\w+)", line)
+        if entry:
+            name = entry.group(1)
+            counts[name] = 0
+        elif name and re.search(r"\b(?:div|rem)\.[su]64\b", line):
+            counts[name] += 1
+    return counts
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_row_kernels(arch):
+    """One kernel per Shiftmax/ILayerNorm, its one 64-bit division (the row's reciprocal) outside the element
+    loops; no 64-bit division or remainder in any other kernel of the chained block."""
+    art = compile_model(chain_model(np.random.default_rng(0)), target="cuda", arch=arch)
+    (source,) = cuda_sources(art.module)
+    names = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(', source)
+    assert sorted(n for n in set(names) if n.startswith(("ivit_shiftmax", "ivit_ilayernorm"))) == [
+        "ivit_ilayernorm_kernel",
+        "ivit_shiftmax_kernel",
+    ]
+    div = div64_per_kernel(to_ptx(source, arch))
+    assert div.pop("ivit_shiftmax_kernel") == 1 and div.pop("ivit_ilayernorm_kernel") == 1
+    assert div and not any(div.values()), div
+    for kernel in ("ivit_shiftmax_kernel", "ivit_ilayernorm_kernel"):
+        assert _division_loops(source, kernel) == [], f"{kernel}: division inside a loop over elements"
+
+
+def _division_loops(source: str, kernel: str) -> list[str]:
+    """The loops of extent > 1 around the 64-bit division of ``kernel``'s definition in CUDA ``source``."""
+    body = source[source.index("{", source.index(f" {kernel}(", source.index(f" {kernel}(") + 1)) + 1 :]
+    stack: list[str] = []
+    for line in body.splitlines():
+        if re.search(r"\(int64_t\)\d+ / ", line):
+            return [h for h in stack if "for (" in h and not re.search(r"< 1;", h)]
+        stack += [line] * line.count("{")
+        for _ in range(line.count("}")):
+            if not stack:
+                raise AssertionError(f"{kernel}: no 64-bit division found")
+            stack.pop()
+    raise AssertionError(f"{kernel}: no 64-bit division found")
