@@ -1,16 +1,31 @@
-"""Builds the native kernels of the private ops (everything else is configured in pyproject.toml).
+"""Builds the native kernels of the private ops and their onnxruntime custom-op library (everything else is
+configured in pyproject.toml): one shared library, ``ivit_onnx/opset/_kernels*.so``, loaded with ctypes by
+``ivit_onnx.opset.native`` and by onnxruntime through ``SessionOptions.register_custom_ops_library`` (it
+exports ``RegisterCustomOps``; ``opset/native/ort_ops.cpp``).
 
-Optional: without a C++ compiler the project still installs and the custom-op library runs the numpy
-reference kernels instead (``ivit_onnx.opset.native.available()`` tells which).
+Optional: without a C++ compiler the project still installs and the private ops run on the numpy reference
+kernels instead (``ivit_onnx.opset.native.available()`` tells which).
+
+Instruction set: portable by default, so a wheel built on one machine runs on any other of its
+architecture (x86-64: ``-march=x86-64-v2``, every x86-64 CPU since 2009; others: the compiler's default).
+``IVIT_NATIVE_MARCH=native pip install ...`` tunes for the build machine instead (AVX-512 where it has it;
+the result may die with an illegal instruction elsewhere), ``IVIT_NATIVE_MARCH=<arch>`` picks one
+(``x86-64-v3``, ...), ``IVIT_NATIVE_MARCH=`` (empty) adds no ``-march`` at all.
 """
 
+import os
 import platform
 
 from setuptools import Extension, setup
 
 ARGS = ["-std=c++17", "-O3", "-fwrapv", "-pthread"]
-if platform.machine() in ("x86_64", "AMD64", "aarch64", "arm64"):
-    ARGS.append("-march=native")  # built where it runs (pip install); int64 vector multiplies on AVX-512
+MARCH = os.environ.get("IVIT_NATIVE_MARCH", "x86-64-v2" if platform.machine() in ("x86_64", "AMD64") else "")
+if MARCH:
+    ARGS.append(f"-march={MARCH}")
+NATIVE = "opset/native/"
 
-setup(ext_modules=[Extension("ivit_onnx.opset._kernels", sources=["opset/native/kernels.cpp"], language="c++",
+SOURCES = [NATIVE + f for f in ("kernels.cpp", "ort_ops.cpp")]
+HEADERS = [NATIVE + f for f in ("intmath.h", "kernels.h", "ort_abi.h", "parallel.h")]
+
+setup(ext_modules=[Extension("ivit_onnx.opset._kernels", sources=SOURCES, depends=HEADERS, language="c++",
                              extra_compile_args=ARGS, extra_link_args=["-pthread"], optional=True)])

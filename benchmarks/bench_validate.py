@@ -32,6 +32,7 @@ import onnxruntime as ort
 from onnx import inliner
 
 from ivit_onnx import rewrite
+from ivit_onnx.opset import OPS
 from ivit_onnx.runners import OrtRunner
 
 
@@ -96,7 +97,7 @@ def named_inline(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str
 
 def profile(model: onnx.ModelProto, backend: str, x: np.ndarray, threads: int, iters: int = 3) -> dict:
     """Kernel time per op type (ms per batch) from onnxruntime's profiler, body nodes under their op."""
-    from ivit_onnx.opset.ort_library import library_model
+    from ivit_onnx.opset.ort_library import register
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
@@ -106,12 +107,9 @@ def profile(model: onnx.ModelProto, backend: str, x: np.ndarray, threads: int, i
     opts.log_severity_level = 3
     owner_of: dict[str, str] = {}
     if backend == "library":
-        from onnxruntime_extensions import get_library_path
-
         from ivit_onnx.u8_gemm import recode
 
-        model = library_model(recode(model).model)  # as OrtRunner's library backend runs it
-        opts.register_custom_ops_library(get_library_path())
+        model = register(opts, recode(model).model)  # as OrtRunner's library backend runs it
     elif backend == "functions":
         model, owner_of = named_inline(model)  # what ORT's own inlining does, with names kept
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -125,8 +123,10 @@ def profile(model: onnx.ModelProto, backend: str, x: np.ndarray, threads: int, i
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
             continue
         op = e["args"].get("op_name", "?")
-        if op.startswith("Ivit"):
-            op = op[4:].split("__")[0] + " (library kernel)"
+        if op.startswith("Ivit"):  # the onnxruntime-extensions fallback's kernel names
+            op = op[4:].split("__")[0]
+        if op in OPS:
+            op += " (library kernel)"
         owner = owner_of.get(e["name"][: -len("_kernel_time")])
         by_type[f"{owner} body" if owner else op] += e["dur"] / 1000.0 / (iters + 1)
         if owner:

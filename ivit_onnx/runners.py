@@ -1,6 +1,6 @@
 """Backends behind one interface: run a model on feeds, optionally exposing intermediate tensors.
 
-* ``library``   -- onnxruntime with the custom-op library (the private ops' compiled native kernels);
+* ``library``   -- onnxruntime with the custom-op library (the private ops' compiled kernels, C ABI);
 * ``functions`` -- stock onnxruntime running the private ops' ONNX function bodies;
 * ``reference`` -- ``onnx.reference`` with the private ops bound to the numpy reference kernels;
 * ``onnxruntime`` -- plain onnxruntime, for the fake-quant and FP32 reference models.
@@ -99,8 +99,6 @@ class OrtRunner(Runner):
         if extra not in self._sessions:
             import onnxruntime as ort
 
-            from ivit_onnx.opset.ort_library import library_model
-
             opts = ort.SessionOptions()
             opts.log_severity_level = 3
             # validate runs several sessions in turn: idle workers spinning after a run would steal the
@@ -111,13 +109,10 @@ class OrtRunner(Runner):
                 opts.inter_op_num_threads = 1
             model = self._prepared()
             if self.name == "library":
-                from onnxruntime_extensions import get_library_path
+                from ivit_onnx.opset import native, ort_library
 
-                from ivit_onnx.opset import native
-
-                native.set_threads(self.threads)
-                model = library_model(model)  # registers the kernels: before loading the library
-                opts.register_custom_ops_library(get_library_path())
+                native.set_threads(self.threads)  # the fallback's kernels; the native library uses ORT's pool
+                model = ort_library.register(opts, model)
             if extra:
                 model = with_outputs(model, list(extra))
             self._sessions[extra] = ort.InferenceSession(model.SerializeToString(), opts,
@@ -144,7 +139,8 @@ class OrtRunner(Runner):
             return ""
         from ivit_onnx.opset import native
 
-        kernels = "compiled native kernels" if native.available() else "numpy reference kernels (not built)"
+        kernels = ("native custom-op library (compiled kernels, C ABI)" if native.available() else
+                   "numpy reference kernels in onnxruntime-extensions (the native library was not built)")
         gemm = (f"{len(self.recoded_producers)} int8 GEMM operand producers re-encoded as uint8 (exact)"
                 if self.u8_gemm else "int8 GEMMs as converted")
         return f"{kernels}; {gemm}"

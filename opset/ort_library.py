@@ -1,12 +1,16 @@
-"""The onnxruntime custom-op library: the private ops' kernels registered through onnxruntime-extensions.
+"""The onnxruntime custom-op library of the private ops, and the sessions that use it.
 
-No onnxruntime C/C++ headers can be had here (FACTS.md), so the library is onnxruntime-extensions'
-prebuilt ``get_library_path()`` hosting thin Python kernels that call the compiled native kernels
-(:mod:`.native`, built at install, bit-exact twins of the references) and fall back to the numpy
-reference kernels for calls the native loops do not cover. It only serves its own domain
-``ai.onnx.contrib`` and fixes input/output types per registration, so each (op, input dtypes)
-signature used by a model is registered once per process as ``Ivit<Op>__<dtypes>`` and the model's
-``ai.ivit`` nodes are renamed to it (the ``ai.ivit`` function bodies are dropped).
+The library is the project's own shared library (``opset/native/ort_ops.cpp`` with the compiled kernels of
+``kernels.cpp``, built at install): onnxruntime loads it with ``register_custom_ops_library`` and calls
+its ``RegisterCustomOps`` through onnxruntime's C ABI, which registers the ``ai.ivit`` ops in their own
+domain, so a model runs as converted, with no Python in the loop. :func:`register` does that.
+
+Fallback, only where that library was not built (no C++ compiler at install, or ``IVIT_NATIVE_LIB=``):
+onnxruntime-extensions' prebuilt library hosting the numpy reference kernels as Python ops. It serves
+only its own domain ``ai.onnx.contrib`` and fixes input/output types per registration, so each (op,
+input dtypes) signature used by a model is registered once per process as ``Ivit<Op>__<dtypes>`` and
+the model's ``ai.ivit`` nodes are renamed to it (:func:`library_model`). It is slow (the GIL, argument
+conversion) but runs anywhere onnxruntime does.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def kernel_name(op: str, input_dtypes) -> str:
     return f"Ivit{op}__" + "_".join(np.dtype(d).name for d in input_dtypes)
 
 
-def register(op: str, input_dtypes) -> str:
+def register_signature(op: str, input_dtypes) -> str:
     """Register the kernel of ``op`` for one input signature (idempotent); returns its op_type."""
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
@@ -111,7 +115,7 @@ def library_model(model: onnx.ModelProto) -> onnx.ModelProto:
         missing = [i for i in node.input if i not in types]
         if missing:
             raise ValueError(f"node {node.name or node.op_type}: no type known for inputs {missing}")
-        node.op_type = register(node.op_type, [types[i] for i in node.input])
+        node.op_type = register_signature(node.op_type, [types[i] for i in node.input])
         node.domain = CONTRIB
     keep = [f for f in out.functions if f.domain != DOMAIN]
     del out.functions[:]
@@ -122,16 +126,36 @@ def library_model(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def native_library() -> str | None:
+    """Path of the native custom-op library (the compiled kernels' shared library), if it was built."""
+    path = native.library_path()
+    return str(path) if path is not None else None
+
+
+def register(opts: ort.SessionOptions, model: onnx.ModelProto) -> onnx.ModelProto:
+    """Register the custom-op library with ``opts``; returns the model to load with them.
+
+    The native library takes the model as it is; the onnxruntime-extensions fallback needs its
+    renamed copy (:func:`library_model`, which registers the kernels: before the library is loaded).
+    """
+    path = native_library()
+    if path is not None:
+        opts.register_custom_ops_library(path)
+        return model
+    from onnxruntime_extensions import get_library_path
+
+    model = library_model(model)
+    opts.register_custom_ops_library(get_library_path())
+    return model
+
+
 def session(model: onnx.ModelProto, backend: str = "functions", threads: int | None = None):
     """An InferenceSession running the private ops by their ``functions`` or through the ``library``."""
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads
     if backend == "library":
-        from onnxruntime_extensions import get_library_path
-
-        model = library_model(model)  # registers kernels: must precede loading the library
-        opts.register_custom_ops_library(get_library_path())
+        model = register(opts, model)
     elif backend != "functions":
         raise ValueError(f"backend must be 'functions' or 'library', got {backend!r}")
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])

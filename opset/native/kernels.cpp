@@ -1,7 +1,8 @@
 // Native kernels of the private opset ai.ivit: the arithmetic of the numpy reference kernels
 // (opset/<op>.py), fused into one pass per op and compiled, so the onnxruntime custom-op library
 // runs at native speed. Plain C ABI, no onnxruntime or Python headers; loaded with ctypes by
-// opset/native.py. Every kernel must equal its reference bit for bit (tests/opset/test_native.py).
+// opset/native.py and called by the onnxruntime custom ops of ort_ops.cpp (same shared library). Every
+// kernel must equal its reference bit for bit (tests/opset/test_native.py, tests/opset/test_native_ort.py).
 //
 // Integer semantics mirror numpy's int64: wrap-around (-fwrapv), `>>` is floor, shifts by counts
 // outside [0, 63] give 0 (left) or the sign (right), floor division by zero gives 0. Divisions by
@@ -13,83 +14,16 @@
 #include <thread>
 #include <vector>
 
-using i64 = int64_t;
-using u64 = uint64_t;
+#include "intmath.h"
+#include "kernels.h"
+#include "parallel.h"
 
 namespace {
 
+using namespace ivit;  // i64, u64 and the integer primitives of intmath.h
+
 enum Dtype : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
 
-inline i64 shl(i64 a, i64 b) { return static_cast<u64>(b) < 64 ? static_cast<i64>(static_cast<u64>(a) << b) : 0; }
-
-inline i64 shr(i64 a, i64 b) { return static_cast<u64>(b) < 64 ? (a >> b) : (a < 0 ? -1 : 0); }
-
-// numpy's floor_divide on int64 (b == 0 gives 0; INT64_MIN / -1 wraps).
-inline i64 floor_div(i64 a, i64 b) {
-  if (b == 0) return 0;
-  if (b == -1) return static_cast<i64>(0 - static_cast<u64>(a));
-  i64 q = a / b, r = a % b;
-  if (r != 0 && ((r < 0) != (b < 0))) --q;
-  return q;
-}
-
-// floor(a / b) for 0 <= a < 2**52 and 1 <= b, from a double estimate `a * inv_b` (inv_b = 1.0 / b):
-// the estimate is within 1 of the quotient, and one remainder test makes it exact.
-inline i64 floor_div_small(i64 a, i64 b, double inv_b) {
-  i64 q = static_cast<i64>(static_cast<double>(a) * inv_b);
-  i64 r = a - q * b;
-  q -= (r < 0);
-  q += (r >= b);
-  return q;
-}
-
-// floor(a / b) with the double shortcut where it is exact, numpy's floor division elsewhere.
-inline i64 div_by(i64 a, i64 b, double inv_b) {
-  if (a >= 0 && b > 0 && a < (i64(1) << 52)) {
-    if (b >= (i64(1) << 52)) return 0;  // then a < b
-    return floor_div_small(a, b, inv_b);
-  }
-  return floor_div(a, b);
-}
-
-constexpr i64 RECIP_M = (i64(1) << 62) - 1;
-
-// floor((2**62 - 1) / s): for 2**14 <= s < 2**61 a double quotient (< 2**48, error < 1) corrected once.
-inline i64 recip(i64 s) {
-  if (s < (i64(1) << 14) || s >= (i64(1) << 61)) return floor_div(RECIP_M, s);
-  i64 q = static_cast<i64>(4611686018427387904.0 / static_cast<double>(s));
-  i64 r = RECIP_M - q * s;  // |r| <= 2 s, no wrap for s < 2**61
-  q -= (r < 0);
-  q += (r >= s);
-  return q;
-}
-
-inline i64 round_shift(i64 t, i64 c) { return shr(t + shr(shl(1, c), 1), c); }
-
-inline i64 clip(i64 y, i64 lo, i64 hi) { return y < lo ? lo : (y > hi ? hi : y); }
-
-struct Exp {  // shift_exp(d) = (x0 + floor(-r/2)) * 2**(n - q) of opset/shift_exp.py
-  i64 x0, n, nx0;
-  double inv_x0;
-  bool small;  // -p <= n*x0 < 2**52: the quotient by x0 comes from a double product, exactly
-  Exp(i64 x0_, i64 n_)
-      : x0(x0_), n(n_), nx0(n_ * x0_), inv_x0(1.0 / static_cast<double>(x0_)), small(n_ * x0_ < (i64(1) << 52)) {}
-  static i64 p_of(i64 d) { return d + shr(d, 1) - shr(d, 4); }
-  i64 operator()(i64 d) const {
-    const i64 a = -std::max(p_of(d), -nx0);
-    const i64 q = small && a >= 0 ? floor_div_small(a, x0, inv_x0) : div_by(a, x0, inv_x0);
-    const i64 r = a - q * x0;
-    return (x0 + shr(-r, 1)) * shl(1, n - q);
-  }
-  // The smallest a >= 0 from which shift_exp(-a) is clamped (p <= -n*x0): p(-a) is non-increasing in a,
-  // so every larger a gives the same value.
-  i64 clamp_point() const {
-    i64 a = nx0 / 2;  // p(-a) >= -1.5 a - 1 > -n*x0 below this
-    while (p_of(-a) > -nx0) a += std::max<i64>(1, (p_of(-a) + nx0) / 2);
-    while (a > 0 && p_of(-(a - 1)) <= -nx0) --a;
-    return a;
-  }
-};
 
 // Largest exp table (entries); beyond it, or where it would not pay for itself, exps are evaluated directly.
 constexpr i64 LUT_MAX = 1 << 18;
@@ -97,16 +31,32 @@ constexpr i64 LUT_MAX = 1 << 18;
 template <class T>
 const T* as(const void* p) { return static_cast<const T*>(p); }
 
-// Run body(begin, end) over [0, n) in up to `threads` contiguous chunks (the caller's thread takes one).
+// Run body(begin, end) over [0, n) in contiguous chunks: on the calling thread's pool hook when one is set
+// (onnxruntime's intra-op pool, ivit::ParallelHook; up to MAX_TASKS chunks), else on up to `threads` threads
+// started for the call (the caller's thread takes one).
 template <class F>
 void parallel_for(i64 n, int threads, i64 grain, F body) {
-  int k = static_cast<int>(std::min<i64>(threads, std::max<i64>(1, n / std::max<i64>(grain, 1))));
+  const ivit::ParallelHook hook = ivit::parallel_hook();
+  const i64 cap = hook.run ? ivit::MAX_TASKS : threads;
+  int k = static_cast<int>(std::min<i64>(cap, std::max<i64>(1, n / std::max<i64>(grain, 1))));
   if (k <= 1) {
     body(i64(0), n);
     return;
   }
-  std::vector<std::thread> pool;
   i64 step = (n + k - 1) / k;
+  if (hook.run) {
+    struct Task {
+      F* body;
+      i64 step, n;
+    } task{&body, step, n};
+    hook.run(hook.ctx, [](void* data, size_t t) {
+      const Task& tk = *static_cast<Task*>(data);
+      const i64 b = static_cast<i64>(t) * tk.step, e = std::min(tk.n, b + tk.step);
+      if (b < e) (*tk.body)(b, e);
+    }, static_cast<size_t>(k), &task);
+    return;
+  }
+  std::vector<std::thread> pool;
   for (int t = 1; t < k; ++t) {
     i64 b = t * step, e = std::min(n, b + step);
     if (b < e) pool.emplace_back(body, b, e);
@@ -263,6 +213,18 @@ int rescale_each(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64*
 
 }  // namespace
 
+namespace ivit {
+namespace {
+thread_local ParallelHook current_hook{};
+}
+ParallelHook parallel_hook() { return current_hook; }
+ParallelHook set_parallel_hook(ParallelHook hook) {
+  const ParallelHook old = current_hook;
+  current_hook = hook;
+  return old;
+}
+}  // namespace ivit
+
 extern "C" {
 
 // y = clip(round_shift((x - zx) * b[ch], c[ch]) + zy, qmin, qmax); ch = (i / inner) % nc; 0 <= c <= 62.
@@ -338,11 +300,7 @@ int ivit_shiftgelu(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i6
   // m = max(v, 0): for v >= 0, e1 = shift_exp(0) and e2 = shift_exp(-v); for v < 0, e1 = shift_exp(v)
   // and e2 = shift_exp(0). Either way one exp of -|v|, so sg depends on v alone: tabulate it over
   // |v| up to the clamp point (beyond it, sg(v) = sg(+-last)).
-  auto sigmoid = [&](i64 v) {
-    const i64 other = exp(v < 0 ? v : -v);
-    const i64 e1 = v >= 0 ? top : other, e2 = v >= 0 ? other : top;
-    return shr(e1 * recip(e1 + e2), sh);
-  };
+  auto sigmoid = [&](i64 v) { return shift_sigmoid(exp, top, sh, v); };
   return rescale_each(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to, threads,
                       [&](const auto* xs, i64 total, auto run) {
                         i64 lo, hi;
@@ -383,12 +341,7 @@ int ivit_ilayernorm(const void* x, int ti, i64 rows, i64 len, const i64* b, cons
         i64 sum = 0;
         for (i64 j = 0; j < len; ++j) sum += xr[j];
         const i64 v = std::max<i64>(centre(xr, d.data(), len, scale, floor_div(sum * scale, len)), 1);
-        // isqrt of opset/ilayernorm.py: start 2**((bits(v)+1)//2), 10 Newton steps r <- min(r, (r + v//r)//2)
-        i64 nbits = 0;
-        for (int k = 0; k < 63; ++k) nbits += v >= (i64(1) << k);
-        i64 root = shl(1, floor_div(nbits + 1, 2));
-        for (int s = 0; s < 10; ++s) root = std::min(root, floor_div(root + floor_div(v, root), 2));
-        layernorm_out(d.data(), static_cast<TO*>(y) + r * len, len, floor_div(i64(1) << 61, root), ush, bb.data(),
+        layernorm_out(d.data(), static_cast<TO*>(y) + r * len, len, floor_div(i64(1) << 61, isqrt(v)), ush, bb.data(),
                       biases.data(), half.data(), cc.data(), rs);
       }
     });

@@ -80,6 +80,11 @@ seeds = st.integers(0, 2**32 - 1)
 ways = st.tuples(st.sampled_from(OPSETS), st.booleans())  # (opset, parameters as graph inputs)
 
 
+def pick(draw, fixed):
+    """A dtype: ``fixed`` when given (``tests.opset.test_native_ort`` walks every pair), else drawn."""
+    return fixed if fixed is not None else draw(dtypes)
+
+
 def zero_point(draw, dtype, wide: bool = True) -> int:
     lo, hi = info(dtype)
     if dtype == np.int32 and not wide:
@@ -103,9 +108,9 @@ def max_abs_minus(dtype, z: int) -> int:
 
 
 @st.composite
-def requantize_cases(draw):
-    shape, xt, kind, rng = draw(shapes), draw(dtypes), draw(kinds), np.random.default_rng(draw(seeds))
-    yt = draw(dtypes)
+def requantize_cases(draw, xt=None, yt=None):
+    shape, xt, kind, rng = draw(shapes), pick(draw, xt), draw(kinds), np.random.default_rng(draw(seeds))
+    yt = pick(draw, yt)
     x = make_tensor(rng, shape, xt, kind)
     zx = zero_point(draw, xt, wide=False)
     bound = max_abs_minus(xt, zx)
@@ -126,9 +131,9 @@ def requantize_cases(draw):
 
 
 @st.composite
-def iadd_cases(draw):
+def iadd_cases(draw, at=None, bt=None, yt=None):
     out_shape, rng = draw(shapes), np.random.default_rng(draw(seeds))
-    at, bt, yt = draw(dtypes), draw(dtypes), draw(dtypes)
+    at, bt, yt = pick(draw, at), pick(draw, bt), pick(draw, yt)
     # b broadcasts against a (or the other way round): drop leading dims, set some dims to 1
     small = list(out_shape[draw(st.integers(0, len(out_shape) - 1)):])
     for i in range(len(small)):
@@ -155,10 +160,10 @@ SHIFTMAX_OUT = [(np.int8, 7), (np.int8, 8), (np.uint8, 8), (np.uint8, 5), (np.in
 
 
 @st.composite
-def shiftmax_cases(draw):
-    shape, xt, kind, rng = draw(shapes), draw(dtypes), draw(kinds), np.random.default_rng(draw(seeds))
+def shiftmax_cases(draw, xt=None, yt=None):
+    shape, xt, kind, rng = draw(shapes), pick(draw, xt), draw(kinds), np.random.default_rng(draw(seeds))
     x = make_tensor(rng, shape, xt, kind)
-    yt, bits = draw(st.sampled_from(SHIFTMAX_OUT))
+    yt, bits = draw(st.sampled_from([o for o in SHIFTMAX_OUT if yt in (None, o[0])]))
     lo, hi = info(yt)
     zy = draw(st.sampled_from([lo, max(lo, 0), hi - 2**bits + 1]))
     attrs = shiftmax_params(log_uniform(draw, 1e-4, 1), shape[-1], bits)
@@ -167,10 +172,10 @@ def shiftmax_cases(draw):
 
 
 @st.composite
-def shiftgelu_cases(draw):
-    shape, xt, kind, rng = draw(shapes), draw(dtypes), draw(kinds), np.random.default_rng(draw(seeds))
+def shiftgelu_cases(draw, xt=None, yt=None):
+    shape, xt, kind, rng = draw(shapes), pick(draw, xt), draw(kinds), np.random.default_rng(draw(seeds))
     x = make_tensor(rng, shape, xt, kind)
-    yt = draw(dtypes)
+    yt = pick(draw, yt)
     lo, hi = info(xt)
     max_abs = max(abs(lo), abs(hi))
     bits = draw(st.integers(1, min(30, 54 - max_abs.bit_length())))
@@ -184,15 +189,15 @@ def shiftgelu_cases(draw):
 
 
 @st.composite
-def ilayernorm_cases(draw):
-    shape, xt, kind, rng = draw(shapes), draw(dtypes), draw(kinds), np.random.default_rng(draw(seeds))
+def ilayernorm_cases(draw, xt=None, yt=None):
+    shape, xt, kind, rng = draw(shapes), pick(draw, xt), draw(kinds), np.random.default_rng(draw(seeds))
     c_len = shape[-1]
     lo, hi = info(xt)
     if xt == np.int32:  # keep C * (hi - lo)**2 < 2**62: the converter knows the accumulator's range
         k = draw(st.integers(4, 23))
         lo, hi = -(2**k), 2**k - 1
     x = make_tensor(rng, shape, xt, kind, lo, hi)
-    yt = draw(dtypes)
+    yt = pick(draw, yt)
     qmin, qmax = out_range(draw, yt)
     zy = draw(st.integers(qmin, qmax))
     gamma = rng.choice([-1, 1], c_len) * np.exp(rng.uniform(np.log(1e-2), np.log(4), c_len))

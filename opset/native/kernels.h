@@ -1,0 +1,21 @@
+// The C entry points of the native kernels (kernels.cpp), for the onnxruntime custom ops (ort_ops.cpp).
+// Dtype codes: 0 int8, 1 uint8, 2 int16, 3 int32. Each returns 0, or 1 for a dtype code it does not know.
+#pragma once
+
+#include <cstdint>
+
+extern "C" {
+int ivit_requantize(const void* x, int ti, int64_t outer, int64_t nc, int64_t inner, int64_t zx, const int64_t* b,
+                    const int64_t* c, int64_t zy, int64_t qmin, int64_t qmax, void* y, int to, int threads);
+int ivit_iadd(const void* a, int ta, const void* b, int tb, int64_t n, int64_t nb, int64_t za, int64_t zb,
+              int64_t ma, int64_t mb, int64_t c, int64_t zy, int64_t qmin, int64_t qmax, void* y, int to,
+              int threads);
+int ivit_shiftmax(const void* x, int ti, int64_t rows, int64_t len, int64_t zy, int64_t x0, int64_t n, int64_t bits,
+                  void* y, int to, int threads);
+int ivit_shiftgelu(const void* x, int ti, int64_t outer, int64_t nc, int64_t inner, const int64_t* b, const int64_t* c,
+                   int64_t zy, int64_t x0, int64_t n, int64_t bits, int64_t qmin, int64_t qmax, void* y, int to,
+                   int threads);
+int ivit_ilayernorm(const void* x, int ti, int64_t rows, int64_t len, const int64_t* b, const int64_t* c,
+                    const int64_t* bias, int64_t nc, int64_t zy, int64_t shift_in, int64_t p, int64_t qmin,
+                    int64_t qmax, void* y, int to, int threads);
+}

@@ -1,0 +1,579 @@
+// The ai.ivit custom-op library for onnxruntime, through its C ABI (ort_abi.h): no Python, no onnxruntime
+// headers. onnxruntime loads this shared library (SessionOptions.register_custom_ops_library(path), or
+// RegisterCustomOpsLibrary in C/C++) and calls RegisterCustomOps, which registers the five ops of the
+// private opset in their own domain, ai.ivit (opset/README.md).
+//
+// Each op runs the fused kernel of kernels.cpp where the call fits it (per-tensor or per-channel
+// parameters, scalar zero points, the output shaped like x) with its chunks on onnxruntime's intra-op
+// thread pool (KernelContext_ParallelFor), and otherwise a general loop over the broadcast shape with
+// numpy's integer semantics (intmath.h). Both equal the numpy reference kernels bit for bit. Outputs are
+// allocated by onnxruntime (KernelContext_GetOutput). Kernels keep no mutable state, so onnxruntime may
+// run them concurrently. Dtypes outside the opset and attributes outside what the kernels compute are
+// refused when the session is created, with a message naming the node.
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "intmath.h"
+#include "kernels.h"
+#include "ort_abi.h"
+#include "parallel.h"
+
+using ivit::i64;
+
+namespace {
+
+const ort::Api* g_api = nullptr;  // set once by RegisterCustomOps (the same table for every call)
+
+struct Error : std::exception {
+  std::string msg;
+  explicit Error(std::string m) : msg(std::move(m)) {}
+  const char* what() const noexcept override { return msg.c_str(); }
+};
+
+template <class Sig>
+Sig* api(ort::Slot s) { return g_api->fn<Sig>(s); }
+
+ort::Status* make_status(const std::string& msg) {
+  return api<ort::Status*(ort::ErrorCode, const char*)>(ort::CreateStatus)(ort::INVALID_ARGUMENT, msg.c_str());
+}
+
+// Throw an onnxruntime error status as an Error (its message copied, the status released).
+void check(ort::Status* s) {
+  if (!s) return;
+  std::string msg = api<const char*(const ort::Status*)>(ort::GetErrorMessage)(s);
+  api<void(ort::Status*)>(ort::ReleaseStatus)(s);
+  throw Error(msg);
+}
+
+// ------------------------------------------------------------------------------------------ the ops
+
+enum Port { INT, I64, OUT };  // int8/uint8/int16/int32 input; int64 input; the output zero point
+enum Op { REQUANTIZE, IADD, SHIFTMAX, SHIFTGELU, ILAYERNORM };
+
+struct OpDef {
+  const char* name;
+  Op op;
+  std::vector<Port> ports;
+  std::vector<const char*> attrs;
+};
+
+const OpDef OPS[] = {
+    {"Requantize", REQUANTIZE, {INT, INT, I64, I64, OUT}, {"qmin", "qmax"}},
+    {"IAdd", IADD, {INT, INT, INT, INT, I64, I64, I64, OUT}, {"qmin", "qmax"}},
+    {"Shiftmax", SHIFTMAX, {INT, OUT}, {"x0", "n", "bits"}},
+    {"ShiftGELU", SHIFTGELU, {INT, I64, I64, OUT}, {"x0", "n", "bits", "qmin", "qmax"}},
+    {"ILayerNorm", ILAYERNORM, {INT, I64, I64, I64, OUT}, {"shift_in", "p", "qmin", "qmax"}},
+};
+constexpr int N_OPS = sizeof(OPS) / sizeof(OPS[0]);
+
+int kernel_code(int elem) {  // onnx element type -> dtype code of kernels.h, -1 if not an opset int type
+  switch (elem) {
+    case ort::INT8: return 0;
+    case ort::UINT8: return 1;
+    case ort::INT16: return 2;
+    case ort::INT32: return 3;
+    default: return -1;
+  }
+}
+
+const char* elem_name(int elem) {
+  static const char* names[] = {"undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64"};
+  return elem >= 0 && elem < 8 ? names[elem] : "a non-integer type";
+}
+
+using Shape = std::vector<i64>;
+
+struct Tensor {
+  int elem;
+  Shape shape;
+  const void* data;
+  i64 size;
+  i64 at(i64 i) const {  // element i as int64
+    switch (elem) {
+      case ort::INT8: return static_cast<const int8_t*>(data)[i];
+      case ort::UINT8: return static_cast<const uint8_t*>(data)[i];
+      case ort::INT16: return static_cast<const int16_t*>(data)[i];
+      case ort::INT32: return static_cast<const int32_t*>(data)[i];
+      default: return static_cast<const int64_t*>(data)[i];
+    }
+  }
+};
+
+i64 numel(const Shape& s) {
+  i64 n = 1;
+  for (i64 d : s) n *= d;
+  return n;
+}
+
+// numpy's broadcast of two shapes; false if they do not broadcast
+bool broadcast(const Shape& a, const Shape& b, Shape& out) {
+  const size_t r = std::max(a.size(), b.size());
+  out.assign(r, 1);
+  for (size_t k = 0; k < r; ++k) {
+    const i64 da = k < r - a.size() ? 1 : a[k - (r - a.size())];
+    const i64 db = k < r - b.size() ? 1 : b[k - (r - b.size())];
+    if (da != db && da != 1 && db != 1) return false;
+    out[k] = da == 1 ? db : da;
+  }
+  return true;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string t = "[";
+  for (size_t k = 0; k < s.size(); ++k) t += (k ? "," : "") + std::to_string(s[k]);
+  return t + "]";
+}
+
+// t's elements broadcast to `out` (numpy rules; t's shape broadcasts to out), as int64
+std::vector<i64> expand(const Tensor& t, const Shape& out) {
+  const size_t r = out.size(), off = r - t.shape.size();
+  Shape stride(r, 0);
+  for (i64 k = static_cast<i64>(t.shape.size()) - 1, s = 1; k >= 0; --k) {
+    stride[off + k] = t.shape[k] == 1 ? 0 : s;
+    s *= t.shape[k];
+  }
+  const i64 n = numel(out);
+  std::vector<i64> v(n);
+  Shape idx(r, 0);
+  i64 src = 0;
+  for (i64 i = 0; i < n; ++i) {
+    v[i] = t.at(src);
+    for (i64 k = static_cast<i64>(r) - 1; k >= 0; --k) {  // odometer step
+      if (++idx[k] < out[k]) {
+        src += stride[k];
+        break;
+      }
+      src -= stride[k] * (out[k] - 1);
+      idx[k] = 0;
+    }
+  }
+  return v;
+}
+
+void store(void* y, int elem, i64 i, i64 v) {  // the cast of numpy's astype: wraps
+  switch (elem) {
+    case ort::INT8: static_cast<int8_t*>(y)[i] = static_cast<int8_t>(v); break;
+    case ort::UINT8: static_cast<uint8_t*>(y)[i] = static_cast<uint8_t>(v); break;
+    case ort::INT16: static_cast<int16_t*>(y)[i] = static_cast<int16_t>(v); break;
+    default: static_cast<int32_t*>(y)[i] = static_cast<int32_t>(v); break;
+  }
+}
+
+// Parameters that vary along at most one axis of `out`: (outer, nc, inner) and each one's nc values.
+struct Channels {
+  i64 outer = 1, nc = 1, inner = 1;
+  int axis = -1;  // -1: every parameter is a single value
+  std::vector<std::vector<i64>> values;
+};
+
+bool channels(const Shape& out, std::initializer_list<const Tensor*> params, Channels& ch) {
+  const size_t r = out.size();
+  for (const Tensor* p : params) {
+    if (p->shape.size() > r) return false;
+    const size_t off = r - p->shape.size();
+    for (size_t k = 0; k < p->shape.size(); ++k) {
+      if (p->shape[k] == 1) continue;
+      const int axis = static_cast<int>(off + k);
+      if (ch.axis != -1 && ch.axis != axis) return false;
+      ch.axis = axis;
+    }
+  }
+  if (ch.axis >= 0) {
+    ch.nc = out[ch.axis];
+    for (int k = 0; k < ch.axis; ++k) ch.outer *= out[k];
+    for (size_t k = ch.axis + 1; k < r; ++k) ch.inner *= out[k];
+  } else {
+    ch.outer = numel(out);
+  }
+  for (const Tensor* p : params) {
+    std::vector<i64> v(ch.nc);
+    for (i64 k = 0; k < ch.nc; ++k) v[k] = p->at(p->size == 1 ? 0 : k);
+    ch.values.push_back(std::move(v));
+  }
+  return true;
+}
+
+bool shifts_ok(const std::vector<i64>& c) {
+  for (i64 v : c)
+    if (v < 0 || v > 62) return false;
+  return true;
+}
+
+struct Kernel {
+  const OpDef* def;
+  std::string node;
+  i64 attr[5];  // in the order of def->attrs
+};
+
+// The calling thread's kernels run their chunks on onnxruntime's pool while this is alive.
+struct PoolScope {
+  ivit::ParallelHook old;
+  explicit PoolScope(ort::KernelContext* ctx) : old(ivit::set_parallel_hook({&run, ctx})) {}
+  ~PoolScope() { ivit::set_parallel_hook(old); }
+  static void run(void* ctx, void (*fn)(void*, size_t), size_t total, void* data) {
+    using ParallelFor = ort::Status*(const ort::KernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
+    ort::Status* s = api<ParallelFor>(ort::KernelContext_ParallelFor)(static_cast<ort::KernelContext*>(ctx), fn,
+                                                                      total, 0, data);
+    if (s) {  // no pool from this build of onnxruntime: run the chunks here
+      api<void(ort::Status*)>(ort::ReleaseStatus)(s);
+      for (size_t t = 0; t < total; ++t) fn(data, t);
+    }
+  }
+};
+
+// --------------------------------------------------------------------------- the computations
+
+struct Call {  // one node execution: inputs, output, attributes
+  const Kernel& k;
+  std::vector<Tensor> in;
+  Shape out;
+  void* y = nullptr;
+  int y_elem = 0;
+  i64 a(int i) const { return k.attr[i]; }
+  int code(int i) const { return kernel_code(in[i].elem); }
+  bool full(int i) const { return in[i].shape == out; }
+  bool scalar(int i) const { return in[i].size == 1; }
+};
+
+void fail_if(bool bad, const char* what) {
+  if (bad) throw Error(what);
+}
+
+void saturate_all(Call& c, const std::vector<i64>& t, const std::vector<i64>& shift, const std::vector<i64>& zy,
+                  i64 qmin, i64 qmax) {
+  for (size_t i = 0; i < t.size(); ++i)
+    store(c.y, c.y_elem, i, ivit::clip_any(ivit::round_shift_any(t[i], shift[i]) + zy[i], qmin, qmax));
+}
+
+void requantize(Call& c) {
+  const i64 qmin = c.a(0), qmax = c.a(1);
+  Channels ch;
+  if (c.full(0) && c.scalar(1) && c.scalar(4) && channels(c.out, {&c.in[2], &c.in[3]}, ch) &&
+      shifts_ok(ch.values[1])) {
+    ivit_requantize(c.in[0].data, c.code(0), ch.outer, ch.nc, ch.inner, c.in[1].at(0), ch.values[0].data(),
+                    ch.values[1].data(), c.in[4].at(0), qmin, qmax, c.y, kernel_code(c.y_elem), 0);
+    return;
+  }
+  const auto x = expand(c.in[0], c.out), zx = expand(c.in[1], c.out), b = expand(c.in[2], c.out);
+  std::vector<i64> t(x.size());
+  for (size_t i = 0; i < t.size(); ++i) t[i] = (x[i] - zx[i]) * b[i];
+  saturate_all(c, t, expand(c.in[3], c.out), expand(c.in[4], c.out), qmin, qmax);
+}
+
+// b's shape without leading 1s is a suffix of `out` (b repeats along the leading axes)
+bool periodic(const Shape& b, const Shape& out) {
+  size_t lead = 0;
+  while (lead < b.size() && b[lead] == 1) ++lead;
+  const size_t n = b.size() - lead;
+  return n <= out.size() && std::equal(b.begin() + lead, b.end(), out.end() - n);
+}
+
+void iadd(Call& c) {
+  const i64 qmin = c.a(0), qmax = c.a(1);
+  bool scalars = true;
+  for (int i = 2; i < 8; ++i) scalars = scalars && c.scalar(i);
+  const i64 shift = c.in[6].at(0);
+  if (scalars && shift >= 0 && shift <= 62 && numel(c.out) > 0) {
+    const int f = c.full(0) ? 0 : 1, p = 1 - f;  // the full operand, and the repeating one
+    if (c.full(f) && periodic(c.in[p].shape, c.out)) {
+      ivit_iadd(c.in[f].data, c.code(f), c.in[p].data, c.code(p), numel(c.out), c.in[p].size, c.in[2 + f].at(0),
+                c.in[2 + p].at(0), c.in[4 + f].at(0), c.in[4 + p].at(0), shift, c.in[7].at(0), qmin, qmax, c.y,
+                kernel_code(c.y_elem), 0);
+      return;
+    }
+  }
+  const auto a = expand(c.in[0], c.out), b = expand(c.in[1], c.out), za = expand(c.in[2], c.out);
+  const auto zb = expand(c.in[3], c.out), ma = expand(c.in[4], c.out), mb = expand(c.in[5], c.out);
+  std::vector<i64> t(a.size());
+  for (size_t i = 0; i < t.size(); ++i) t[i] = (a[i] - za[i]) * ma[i] + (b[i] - zb[i]) * mb[i];
+  saturate_all(c, t, expand(c.in[6], c.out), expand(c.in[7], c.out), qmin, qmax);
+}
+
+Tensor view(const std::vector<i64>& v, const Shape& shape) { return Tensor{ort::INT64, shape, v.data(), numel(shape)}; }
+
+void shiftmax(Call& c) {
+  const Tensor& x = c.in[0];
+  fail_if(x.shape.empty(), "x must have at least one axis (Shiftmax works along the last one)");
+  const i64 len = x.shape.back(), rows = len ? x.size / len : 0;
+  if (c.full(0) && c.scalar(1)) {
+    ivit_shiftmax(x.data, c.code(0), rows, len, c.in[1].at(0), c.a(0), c.a(1), c.a(2), c.y, kernel_code(c.y_elem), 0);
+    return;
+  }
+  // the probabilities (< 2**bits <= 2**30) into int32 with zero point 0, then + y_zero_point broadcast
+  std::vector<int32_t> p(x.size);
+  if (x.size) ivit_shiftmax(x.data, c.code(0), rows, len, 0, c.a(0), c.a(1), c.a(2), p.data(), 3, 0);
+  const auto pv = expand(Tensor{ort::INT32, x.shape, p.data(), x.size}, c.out), zy = expand(c.in[1], c.out);
+  for (size_t i = 0; i < pv.size(); ++i) store(c.y, c.y_elem, i, pv[i] + zy[i]);
+}
+
+void shiftgelu(Call& c) {
+  const i64 qmin = c.a(3), qmax = c.a(4);
+  Channels ch;
+  if (c.full(0) && c.scalar(3) && channels(c.out, {&c.in[1], &c.in[2]}, ch) && shifts_ok(ch.values[1])) {
+    ivit_shiftgelu(c.in[0].data, c.code(0), ch.outer, ch.nc, ch.inner, ch.values[0].data(), ch.values[1].data(),
+                   c.in[3].at(0), c.a(0), c.a(1), c.a(2), qmin, qmax, c.y, kernel_code(c.y_elem), 0);
+    return;
+  }
+  const ivit::Exp exp(c.a(0), c.a(1));
+  const i64 top = exp(0), sh = 62 - c.a(2);
+  const auto x = expand(c.in[0], c.out), b = expand(c.in[1], c.out);
+  std::vector<i64> t(x.size());
+  for (size_t i = 0; i < t.size(); ++i) t[i] = x[i] * ivit::shift_sigmoid(exp, top, sh, x[i]) * b[i];
+  saturate_all(c, t, expand(c.in[2], c.out), expand(c.in[4], c.out), qmin, qmax);
+}
+
+void ilayernorm(Call& c) {
+  const Tensor& x = c.in[0];
+  fail_if(x.shape.empty(), "x must have at least one axis (ILayerNorm works along the last one)");
+  const i64 shift_in = c.a(0), p = c.a(1), qmin = c.a(2), qmax = c.a(3);
+  const i64 len = x.shape.back(), rows = len ? x.size / len : 0;
+  Channels ch;
+  if (c.full(0) && c.scalar(4) && channels(c.out, {&c.in[1], &c.in[2], &c.in[3]}, ch) &&
+      (ch.axis == -1 || ch.axis == static_cast<int>(c.out.size()) - 1) && shifts_ok(ch.values[1])) {
+    ivit_ilayernorm(x.data, c.code(0), rows, len, ch.values[0].data(), ch.values[1].data(), ch.values[2].data(),
+                    ch.nc, c.in[4].at(0), shift_in, p, qmin, qmax, c.y, kernel_code(c.y_elem), 0);
+    return;
+  }
+  // u = (x - mean) / std scaled to 2**p, row by row over x, then the rescale over the broadcast shape
+  std::vector<i64> u(x.size), d(len);
+  const i64 scale = ivit::shl(1, shift_in);
+  for (i64 r = 0; r < rows; ++r) {
+    i64 sum = 0, var = 0;
+    for (i64 j = 0; j < len; ++j) sum += x.at(r * len + j);
+    const i64 mean = ivit::floor_div(sum * scale, len);
+    for (i64 j = 0; j < len; ++j) {
+      d[j] = x.at(r * len + j) * scale - mean;
+      var += d[j] * d[j];
+    }
+    const i64 f = ivit::floor_div(i64(1) << 61, ivit::isqrt(std::max<i64>(var, 1)));
+    for (i64 j = 0; j < len; ++j) u[r * len + j] = ivit::shr(d[j] * f, 61 - p);
+  }
+  const auto uv = expand(view(u, x.shape), c.out), b = expand(c.in[1], c.out), bias = expand(c.in[3], c.out);
+  std::vector<i64> t(uv.size());
+  for (size_t i = 0; i < t.size(); ++i) t[i] = uv[i] * b[i] + bias[i];
+  saturate_all(c, t, expand(c.in[2], c.out), expand(c.in[4], c.out), qmin, qmax);
+}
+
+void run_op(Call& c) {
+  switch (c.k.def->op) {
+    case REQUANTIZE: return requantize(c);
+    case IADD: return iadd(c);
+    case SHIFTMAX: return shiftmax(c);
+    case SHIFTGELU: return shiftgelu(c);
+    case ILAYERNORM: return ilayernorm(c);
+  }
+}
+
+// ------------------------------------------------------------------------- the OrtCustomOp callbacks
+
+Tensor read_value(const ort::Value* v) {
+  ort::TensorInfo* info = nullptr;
+  check(api<ort::Status*(const ort::Value*, ort::TensorInfo**)>(ort::GetTensorTypeAndShape)(v, &info));
+  Tensor t{};
+  size_t rank = 0;
+  ort::ElemType elem{};
+  ort::Status* s = api<ort::Status*(const ort::TensorInfo*, ort::ElemType*)>(ort::GetTensorElementType)(info, &elem);
+  if (!s) s = api<ort::Status*(const ort::TensorInfo*, size_t*)>(ort::GetDimensionsCount)(info, &rank);
+  t.shape.resize(rank);
+  if (!s) s = api<ort::Status*(const ort::TensorInfo*, int64_t*, size_t)>(ort::GetDimensions)(info, t.shape.data(), rank);
+  api<void(ort::TensorInfo*)>(ort::ReleaseTensorTypeAndShapeInfo)(info);
+  check(s);
+  void* data = nullptr;
+  check(api<ort::Status*(ort::Value*, void**)>(ort::GetTensorMutableData)(const_cast<ort::Value*>(v), &data));
+  t.elem = elem;
+  t.data = data;
+  t.size = numel(t.shape);
+  return t;
+}
+
+ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
+  const Kernel& k = *static_cast<const Kernel*>(kernel);
+  try {
+    Call c{k, {}, {}};
+    size_t n = 0;
+    check(api<ort::Status*(const ort::KernelContext*, size_t*)>(ort::KernelContext_GetInputCount)(ctx, &n));
+    for (size_t i = 0; i < n; ++i) {
+      const ort::Value* v = nullptr;
+      check(api<ort::Status*(const ort::KernelContext*, size_t, const ort::Value**)>(ort::KernelContext_GetInput)(
+          ctx, i, &v));
+      c.in.push_back(read_value(v));
+      Shape b;
+      if (!broadcast(c.out, c.in.back().shape, b))
+        throw Error("input " + std::to_string(i) + " of shape " + shape_str(c.in.back().shape) +
+                    " does not broadcast with " + shape_str(c.out));
+      c.out = b;
+    }
+    ort::Value* out = nullptr;
+    check(api<ort::Status*(ort::KernelContext*, size_t, const int64_t*, size_t, ort::Value**)>(
+        ort::KernelContext_GetOutput)(ctx, 0, c.out.data(), c.out.size(), &out));
+    const Tensor y = read_value(out);
+    c.y = const_cast<void*>(y.data);
+    c.y_elem = y.elem;
+    fail_if(y.elem != c.in.back().elem, "the output type must be y_zero_point's type");
+    if (numel(c.out) == 0) return nullptr;
+    PoolScope pool(ctx);
+    run_op(c);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return make_status("ai.ivit " + std::string(k.def->name) + " node '" + k.node + "': " + e.what());
+  }
+}
+
+std::string node_name(const ort::KernelInfo* info) {
+  char buf[512];
+  size_t size = sizeof(buf);
+  ort::Status* s = api<ort::Status*(const ort::KernelInfo*, char*, size_t*)>(ort::KernelInfo_GetNodeName)(info, buf, &size);
+  if (s) {
+    api<void(ort::Status*)>(ort::ReleaseStatus)(s);
+    return "?";
+  }
+  return std::string(buf);
+}
+
+int input_elem(const ort::KernelInfo* info, size_t i) {
+  ort::TypeInfo* ti = nullptr;
+  check(api<ort::Status*(const ort::KernelInfo*, size_t, ort::TypeInfo**)>(ort::KernelInfo_GetInputTypeInfo)(info, i, &ti));
+  const ort::TensorInfo* tensor = nullptr;
+  ort::ElemType elem = ort::UNDEFINED;
+  ort::Status* s = api<ort::Status*(const ort::TypeInfo*, const ort::TensorInfo**)>(ort::CastTypeInfoToTensorInfo)(ti, &tensor);
+  if (!s && tensor) s = api<ort::Status*(const ort::TensorInfo*, ort::ElemType*)>(ort::GetTensorElementType)(tensor, &elem);
+  api<void(ort::TypeInfo*)>(ort::ReleaseTypeInfo)(ti);
+  check(s);
+  return elem;
+}
+
+// The attribute ranges the kernels compute (the opset's preconditions, opset/README.md).
+void check_attrs(const Kernel& k) {
+  auto need = [&](int i, i64 lo, i64 hi) {
+    if (k.attr[i] < lo || k.attr[i] > hi)
+      throw Error(std::string("attribute ") + k.def->attrs[i] + "=" + std::to_string(k.attr[i]) + " is outside " +
+                  std::to_string(lo) + ".." + std::to_string(hi));
+  };
+  switch (k.def->op) {
+    case SHIFTMAX: need(0, 1, i64(1) << 52), need(1, 0, 62), need(2, 1, 30); break;
+    case SHIFTGELU: need(0, 1, i64(1) << 52), need(1, 0, 62), need(2, 0, 62); break;
+    case ILAYERNORM: need(0, 0, 62), need(1, 0, 61); break;
+    default: break;
+  }
+}
+
+// An OrtCustomOp and the op it registers (the callbacks get the OrtCustomOp pointer back).
+struct IvitOp {
+  ort::CustomOp base;
+  const OpDef* def;
+};
+
+const OpDef& def_of(const ort::CustomOp* op) { return *reinterpret_cast<const IvitOp*>(op)->def; }
+
+ort::Status* create_kernel(const ort::CustomOp* op, const ort::Api*, const ort::KernelInfo* info, void** out) {
+  const OpDef& def = def_of(op);
+  Kernel k{&def, node_name(info), {}};
+  try {
+    size_t n = 0;
+    check(api<ort::Status*(const ort::KernelInfo*, size_t*)>(ort::KernelInfo_GetInputCount)(info, &n));
+    if (n != def.ports.size())
+      throw Error("takes " + std::to_string(def.ports.size()) + " inputs, the node has " + std::to_string(n));
+    for (size_t i = 0; i < n; ++i) {
+      const int elem = input_elem(info, i);
+      const bool ok = def.ports[i] == I64 ? elem == ort::INT64 : kernel_code(elem) >= 0;
+      if (!ok)
+        throw Error("input " + std::to_string(i) + " is " + elem_name(elem) + ", the opset allows " +
+                    (def.ports[i] == I64 ? "int64" : "int8, uint8, int16 or int32"));
+    }
+    for (size_t i = 0; i < def.attrs.size(); ++i) {
+      ort::Status* s = api<ort::Status*(const ort::KernelInfo*, const char*, int64_t*)>(
+          ort::KernelInfoGetAttribute_int64)(info, def.attrs[i], &k.attr[i]);
+      if (s) {
+        api<void(ort::Status*)>(ort::ReleaseStatus)(s);
+        throw Error(std::string("missing int attribute '") + def.attrs[i] + "'");
+      }
+    }
+    check_attrs(k);
+    *out = new Kernel(k);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return make_status("ai.ivit " + std::string(def.name) + " node '" + k.node + "' refused: " + e.what());
+  }
+}
+
+IvitOp make_op(const OpDef& def) {
+  ort::CustomOp o{};
+  o.version = ort::API_VERSION;
+  o.CreateKernel = [](const ort::CustomOp*, const ort::Api*, const ort::KernelInfo*) -> void* { return nullptr; };
+  o.GetName = [](const ort::CustomOp* op) { return def_of(op).name; };
+  o.GetExecutionProviderType = [](const ort::CustomOp*) -> const char* { return nullptr; };  // CPU
+  o.GetInputType = [](const ort::CustomOp* op, size_t i) {
+    return def_of(op).ports[i] == I64 ? ort::INT64 : ort::UNDEFINED;  // any type; checked in create_kernel
+  };
+  o.GetInputTypeCount = [](const ort::CustomOp* op) { return def_of(op).ports.size(); };
+  o.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::UNDEFINED; };
+  o.GetOutputTypeCount = [](const ort::CustomOp*) -> size_t { return 1; };
+  o.KernelCompute = [](void*, ort::KernelContext*) {};  // not called: KernelComputeV2 is set
+  o.KernelDestroy = [](void* k) { delete static_cast<Kernel*>(k); };
+  o.GetInputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::REQUIRED; };
+  // OPTIONAL only because onnxruntime insists that a REQUIRED output of undefined type has exactly one
+  // input of undefined type; every node has this output, and its type is y_zero_point's.
+  o.GetOutputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::OPTIONAL; };
+  o.GetInputMemoryType = [](const ort::CustomOp*, size_t) { return 0; };  // OrtMemTypeDefault
+  o.GetVariadicInputMinArity = [](const ort::CustomOp*) { return 1; };
+  o.GetVariadicInputHomogeneity = [](const ort::CustomOp*) { return 0; };
+  o.GetVariadicOutputMinArity = [](const ort::CustomOp*) { return 1; };
+  o.GetVariadicOutputHomogeneity = [](const ort::CustomOp*) { return 0; };
+  o.CreateKernelV2 = create_kernel;
+  o.KernelComputeV2 = compute;
+  // No InferOutputShapeFn: onnxruntime's own inference gives the output y_zero_point's type (the last input
+  // of undefined type); the shape is left to the run, since an input of unknown rank reads as a scalar here.
+  o.GetStartVersion = [](const ort::CustomOp*) { return 1; };
+  o.GetEndVersion = [](const ort::CustomOp*) { return 1; };
+  return IvitOp{o, &def};
+}
+
+IvitOp* ops() {
+  static IvitOp table[N_OPS] = {make_op(OPS[0]), make_op(OPS[1]), make_op(OPS[2]), make_op(OPS[3]), make_op(OPS[4])};
+  return table;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The name every custom-op library exports: register the ai.ivit domain with the session options.
+__attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::SessionOptions* options,
+                                                                     const ort::ApiBase* base) {
+  const ort::Api* table = base->GetApi(ort::API_VERSION);
+  if (!table) {
+    // GetApi(1) has CreateStatus at the same position in every onnxruntime: report through it
+    const char* version = base->GetVersionString ? base->GetVersionString() : "(unknown)";
+    char msg[400];
+    std::snprintf(msg, sizeof(msg),
+                  "ai.ivit custom-op library: onnxruntime %s does not serve ORT API version %u, which this library "
+                  "was built for (it needs onnxruntime >= 1.%u with API version %u still available); rebuild the "
+                  "library against this onnxruntime or use a matching one",
+                  version, ort::API_VERSION, ort::API_VERSION, ort::API_VERSION);
+    const ort::Api* v1 = base->GetApi(1);
+    if (!v1) {
+      std::fprintf(stderr, "%s\n", msg);
+      return nullptr;
+    }
+    return v1->fn<ort::Status*(ort::ErrorCode, const char*)>(ort::CreateStatus)(ort::FAIL, msg);
+  }
+  static std::mutex lock;
+  std::lock_guard<std::mutex> guard(lock);
+  g_api = table;
+  // One domain per session options, kept for the life of the process (sessions use it after this returns).
+  static std::vector<ort::CustomOpDomain*> domains;
+  ort::CustomOpDomain* domain = nullptr;
+  ort::Status* s = api<ort::Status*(const char*, ort::CustomOpDomain**)>(ort::CreateCustomOpDomain)("ai.ivit", &domain);
+  for (int i = 0; i < N_OPS && !s; ++i)
+    s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(domain, &ops()[i].base);
+  if (!s) s = api<ort::Status*(ort::SessionOptions*, ort::CustomOpDomain*)>(ort::AddCustomOpDomain)(options, domain);
+  if (domain) domains.push_back(domain);
+  return s;
+}
+
+}  // extern "C"
