@@ -175,7 +175,7 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
 
         say(f"tuning ({tune_trials} trials)" if tune_trials > 0 else "opening the tuning database")
         database = tune(mod, tgt, tune_trials, tune_db) if tune_trials > 0 else open_database(tune_db)
-    say(f"building for {tgt.kind.name} (tvm.compile; minutes for a ViT on 2 cores)")
+    say(f"building for {tgt.kind.name} (tvm.compile)")
     with tvm.transform.PassContext(opt_level=3), _cuda_flags(tgt, fast_math):
         if database is not None:
             with database:
