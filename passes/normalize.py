@@ -10,6 +10,7 @@ stop with one line naming the node and the form.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from ivit_onnx.errors import ConversionError
@@ -105,8 +106,6 @@ class Normalize(Pass):
         out_dt = node.attrs.get("output_dtype", 0) if node.op == "QuantizeLinear" else 0
         if not out_dt or (len(node.inputs) > 2 and node.inputs[2].name):
             return False
-        import onnx
-
         dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(out_dt))
         if _type_form(dt):
             raise ConversionError(f"{node_label(node)}: {_type_form(dt)}")
@@ -128,9 +127,8 @@ class Normalize(Pass):
         lo, hi = (bounds + [None, None])[:2]
         lo = node.attrs.get("min") if lo is None and "min" in node.attrs else lo
         hi = node.attrs.get("max") if hi is None and "max" in node.attrs else hi
-        replace_uses(
-            node.outputs[0], gs.Constant(node.outputs[0].name + "_c", np.clip(x, lo, hi).astype(x.dtype))
-        )
+        folded = x if lo is None and hi is None else np.clip(x, lo, hi).astype(x.dtype)
+        replace_uses(node.outputs[0], gs.Constant(node.outputs[0].name + "_c", folded))
         node.outputs.clear()
         ctx.count(self.name, "Clip of constant folded")
         return True

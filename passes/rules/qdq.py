@@ -53,7 +53,7 @@ def clip(lw: Lowerer, node: gs.Node) -> Outcome:
     got = lw.alias.get(node.inputs[0].name)
     bounds = [const_array(t) if t.name else None for t in node.inputs[1:3]]
     if got is None or any(b is None or b.dtype.kind not in "iu" for b in bounds) or len(bounds) < 2:
-        return Outcome.FLOAT if got is not None else Outcome.KEPT
+        return Outcome.FLOAT  # a float Clip (an island), or one on the input quantize's integers (stays)
     it, t = got
     lo, hi = (int(b.reshape(-1)[0]) for b in bounds)
     out = lw.node(

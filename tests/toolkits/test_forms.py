@@ -336,3 +336,11 @@ def test_qonnx_quant_forms_without_an_integer_reading_are_refused(bits, mode, fo
     x = _quant(g, g.input("x", [2, 6, 16]), 0.03, bits, mode=mode)
     g.output(_quant(g, g.node("MatMul", [x, _quant(g, g.const(W), 0.01, 8)]), OUT_SCALE, 8))
     _refused(_qonnx_model(g), rf"Quant '.*': QONNX {form}")
+
+
+def test_float_clip_on_dequantized_values_is_a_float_island():
+    """A float Clip (ReLU6-like) of a dequantized tensor has no integer rule: strict mode must say so."""
+    g = G()
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.03)
+    g.output(g.qdq(g.node("Clip", [x, g.const(0.0), g.const(0.5)]), 0.01))
+    _refused(g.model(), r"Clip '.*'")
