@@ -49,6 +49,7 @@ PINS = (
 #: installed without dependencies (their declared ones pull onnxruntime-gpu, cupy-cuda12x, datasets, ...)
 TOOLS = {"modelopt": "nvidia-modelopt==0.47.0", "quark": "amd-quark==0.13"}
 SCRIPT = Path(__file__).with_name("toolkit_onnx_ptq.py")
+RECIPES = ("modelopt", "modelopt_all_gemms", "quark")  #: what ``onnx_ptq`` runs (the script's TOOLS)
 
 
 class ToolkitEnvError(RuntimeError):
@@ -97,10 +98,10 @@ def env_python() -> Path:
 
 
 def onnx_ptq(tool: str, fp32_path: str | Path, calib: np.ndarray, out_path: str | Path) -> dict:
-    """Quantize an FP32 ONNX model with ``tool`` ("modelopt" or "quark") in the isolated venv; returns
-    the versions it ran with ({"tool": ..., "onnx": ..., "onnxruntime": ...})."""
-    if tool not in TOOLS:
-        raise ValueError(f"tool must be one of {sorted(TOOLS)}, got {tool!r}")
+    """Quantize an FP32 ONNX model with ``tool`` (one of RECIPES) in the isolated venv; returns the
+    versions it ran with ({"tool": ..., "version": ..., "onnx": ..., "onnxruntime": ...})."""
+    if tool not in RECIPES:
+        raise ValueError(f"tool must be one of {RECIPES}, got {tool!r}")
     python = env_python()
     with tempfile.TemporaryDirectory() as tmp:
         calib_path = Path(tmp) / "calib.npy"

@@ -1,8 +1,8 @@
 """ONNX post-training quantization by NVIDIA ModelOpt or AMD Quark, with each toolkit's documented API.
 
 Runs inside the isolated toolkit venv (``toolkit_env.py``), never imports the project:
-``python toolkit_onnx_ptq.py modelopt|quark FP32.onnx CALIB.npy OUT.onnx``; prints the versions it ran
-with as JSON on its last line. int8 everywhere the toolkit places Q/DQ, min/max calibration, CPU only.
+``python toolkit_onnx_ptq.py RECIPE FP32.onnx CALIB.npy OUT.onnx`` (RECIPE: a key of TOOLS); prints the
+versions it ran with as JSON on its last line. int8 wherever the toolkit places Q/DQ, CPU only.
 """
 
 from __future__ import annotations
@@ -17,10 +17,14 @@ import onnx
 IR_VERSION = 10  # onnxruntime 1.31 (the project's) reads IR versions up to 13
 
 
-def modelopt(fp32: str, calib: np.ndarray, out: str) -> None:
+def modelopt(fp32: str, calib: np.ndarray, out: str, all_gemms: bool = False) -> None:
     """``modelopt.onnx.quantization.quantize`` int8 (TensorRT's QDQ placement), calibrated on the CPU EP;
-    ``high_precision_dtype="fp32"`` keeps the unquantized ops float32 (its default converts them to fp16)."""
+    ``high_precision_dtype="fp32"`` keeps the unquantized ops float32 (its default converts them to fp16).
+    ``all_gemms``: ``enable_gemv_detection_for_trt=False``, so GEMMs with fewer than 16 outputs (a
+    10-class head) are quantized too instead of left float."""
     from modelopt.onnx.quantization import quantize
+
+    extra = {"enable_gemv_detection_for_trt": False} if all_gemms else {}
 
     quantize(
         fp32,
@@ -31,6 +35,7 @@ def modelopt(fp32: str, calib: np.ndarray, out: str) -> None:
         high_precision_dtype="fp32",
         output_path=out,
         log_level="WARNING",
+        **extra,
     )
 
 
@@ -61,7 +66,11 @@ def quark(fp32: str, calib: np.ndarray, out: str) -> None:
     ModelQuantizer(config).quantize_model(fp32, out, _Reader(name, calib))
 
 
-TOOLS = {"modelopt": (modelopt, "nvidia-modelopt"), "quark": (quark, "amd-quark")}
+TOOLS = {
+    "modelopt": (modelopt, "nvidia-modelopt"),
+    "modelopt_all_gemms": (lambda *a: modelopt(*a, all_gemms=True), "nvidia-modelopt"),
+    "quark": (quark, "amd-quark"),
+}
 
 
 def main(argv: list[str]) -> None:

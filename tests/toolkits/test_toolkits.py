@@ -3,9 +3,10 @@
 Each toolkit quantizes the bundled digits ViT with its documented API on the CPU (torch toolkits from
 the trained torch model, ONNX toolkits from the bundled FP32 file), and the result is converted in strict
 mode: no float tensor left, the expected op counts, top-1 agreement with the fake-quant model >= 99% and
-accuracy within 0.5 point on the digits test split. ModelOpt leaves the 10-class head float by design
-(it skips GEMMs with fewer than 16 outputs), so strict mode must refuse it with the reason, and
-``allow_float`` converts everything else. Each test prints one JSON line with its numbers (``-s``).
+accuracy within 0.5 point on the digits test split. ModelOpt's defaults leave the 10-class head float
+(it skips GEMMs with fewer than 16 outputs), so strict mode must refuse it with the reason and
+``allow_float`` converts everything else; with that rule off it converts fully. Each test prints one
+JSON line with its numbers (``-s``).
 """
 
 from __future__ import annotations
@@ -130,3 +131,11 @@ def test_modelopt_onnx_ptq(tmp_path, digits, digits_fp32_path):
     assert counts["Gemm"] == 1 and counts["MatMulInteger"] == LINEARS - 1 + ATTENTION_MATMULS
     assert counts.get("ai.ivit:Shiftmax") == DEPTH and counts.get("ai.ivit:ILayerNorm") == 2 * DEPTH + 1
     _compare(path, model, digits, "modelopt", versions["version"])
+
+
+def test_modelopt_onnx_ptq_all_gemms(tmp_path, digits, digits_fp32_path):
+    """With ``enable_gemv_detection_for_trt=False`` ModelOpt quantizes the head too: fully integer."""
+    path, versions = _onnx_ptq("modelopt_all_gemms", tmp_path, digits, digits_fp32_path)
+    model, counts = _strict(path)
+    assert counts["MatMulInteger"] == LINEARS + ATTENTION_MATMULS and "MatMul" not in counts
+    _compare(path, model, digits, "modelopt (enable_gemv_detection_for_trt=False)", versions["version"])
