@@ -17,7 +17,8 @@ Supported: :class:`.vit.VisionTransformer` without distillation token, int8 symm
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,27 @@ class QT:
     v: Tensor
 
 
+_recorded: list[Tensor] | None = None
+
+
+@contextmanager
+def record_integers() -> Iterator[list[Tensor]]:
+    """Collect every integer tensor the forwards inside compute (each op's output, in order), for
+    tensor-for-tensor comparisons with the integer graph."""
+    global _recorded
+    _recorded, saved = [], _recorded
+    try:
+        yield _recorded
+    finally:
+        _recorded = saved
+
+
+def _kept(q: Tensor) -> Tensor:
+    if _recorded is not None:
+        _recorded.append(q.detach().clone())
+    return q
+
+
 def _zp(value: int) -> Tensor:
     return torch.tensor(value, dtype=torch.int64)
 
@@ -62,7 +84,7 @@ def _deq(q: Tensor, a: Affine) -> Tensor:
 
 
 def _lift(q: Tensor, a: Affine, approx: Tensor) -> QT:
-    return QT(q, a, int_ops.ste(_deq(q, a), approx))
+    return QT(_kept(q), a, int_ops.ste(_deq(q, a), approx))
 
 
 def _int_matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -76,13 +98,17 @@ def _rescale(q: Tensor, a: Affine, t: Affine) -> Tensor:
         return q
     b, c = qparams.requantize(a, t)
     lo, hi = t.qrange
-    return int_ops.requantize(q, _zp(a.zero_point), _i64(b), _i64(c), _zp(t.zero_point), qmin=lo, qmax=hi)
+    return _kept(
+        int_ops.requantize(q, _zp(a.zero_point), _i64(b), _i64(c), _zp(t.zero_point), qmin=lo, qmax=hi)
+    )
 
 
 def _upscale(q: Tensor, a: Affine, up: qparams.Upscale) -> Tensor:
     if up.m == 1:
         return q
-    return int_ops.requantize(q, _zp(a.zero_point), _zp(up.m), _zp(0), _zp(0), qmin=-(2**31), qmax=2**31 - 1)
+    return _kept(
+        int_ops.requantize(q, _zp(a.zero_point), _zp(up.m), _zp(0), _zp(0), qmin=-(2**31), qmax=2**31 - 1)
+    )
 
 
 def _act_type(qz: ActFakeQuant) -> Affine:

@@ -2,7 +2,8 @@
 
 The digits ViT (bundled FP32 weights), min/max-calibrated, 4-bit weights, a few QAT steps (EMA scales and
 weights move), then: the integer ONNX graph's logits on the whole digits test split equal the QAT model's,
-bit for bit; and the straight-through gradients reach every parameter.
+bit for bit; every integer tensor the QAT model computes is one of the graph's; and the straight-through
+gradients reach every parameter.
 """
 
 from __future__ import annotations
@@ -37,25 +38,60 @@ def trained(tmp_path_factory):
             logits = qm(torch.from_numpy(x_te)).numpy()
     finally:
         torch.set_num_threads(threads)
-    return qm, before, x_te, y_te, logits, tmp_path_factory.mktemp("qat")
+    return qm, before, x_te, y_te, logits
 
 
-def test_integer_graph_equals_qat_model_bit_for_bit(trained):
-    import onnx
-
+@pytest.fixture(scope="module")
+def converted(trained, tmp_path_factory):
+    """The QAT model's export (``IntegerViT.fq``) after ``ivit-onnx rewrite``, and the rewrite report."""
     from ivit_onnx import rewrite
     from ivit_onnx.models.export import export_onnx
-    from ivit_onnx.opset.ort_library import session
 
-    qm, _, x, y, logits, tmp = trained
+    qm, _, x, *_ = trained
+    tmp = tmp_path_factory.mktemp("qat")
     export_onnx(qm.fq, torch.from_numpy(x[:2]), tmp / "fq.onnx", exporter="dynamo", opset=17)
     model, report = rewrite(tmp / "fq.onnx", tmp / "int.onnx")
+    return model, report
+
+
+def test_integer_graph_equals_qat_model_bit_for_bit(trained, converted):
+    from ivit_onnx.opset.ort_library import session
+
+    _, _, x, y, logits = trained
+    model, report = converted
     assert report.notes["float_islands"] == []
-    got = session(onnx.load(str(tmp / "int.onnx")), "functions").run(None, {"input": x})[0]
+    got = session(model, "functions").run(None, {"input": x})[0]
     assert got.dtype == logits.dtype == np.float32 and got.shape == (len(y), 10)
     diff = np.argwhere(got != logits)
     assert not len(diff), f"{len(diff)} of {logits.size} logits differ, first at {tuple(diff[0])}"
     assert (logits.argmax(-1) == y).mean() > 0.8  # a working classifier, not a degenerate constant
+
+
+def test_every_integer_tensor_is_in_the_integer_graph(trained, converted):
+    """Tensor for tensor: each op output the QAT model computes (Requantize, IAdd, Shiftmax, ShiftGELU,
+    ILayerNorm, integer MatMul/Conv + bias, Concat) is, bit for bit, a tensor of the converted graph."""
+    from ivit_onnx.models.qat import record_integers
+    from ivit_onnx.opset.reference import evaluator
+
+    qm, _, x, *_ = trained
+    x = x[:8]
+    graph = evaluator(converted[0]).run(None, {"input": x}, intermediate=True)
+    pool: dict[tuple, list[np.ndarray]] = {}
+    for v in graph.values():
+        v = np.asarray(v)
+        if v.dtype.kind in "iu":
+            pool.setdefault(v.shape, []).append(v.astype(np.int64))
+    with torch.no_grad(), record_integers() as mine:
+        qm.eval()(torch.from_numpy(x))
+    assert len(mine) > 60
+    missing = [
+        i
+        for i, t in enumerate(mine)
+        if not any(np.array_equal(t.numpy(), g) for g in pool.get(tuple(t.shape), []))
+    ]
+    assert not missing, (
+        f"{len(missing)} of {len(mine)} integer tensors have no twin in the graph, first #{missing[0]}"
+    )
 
 
 def test_qat_steps_move_scales_and_weights(trained):
