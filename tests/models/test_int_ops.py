@@ -11,15 +11,7 @@ import pytest
 from hypothesis import given
 
 from ivit_onnx.opset import OPS
-from tests.opset.oneop import (
-    INT_DTYPES,
-    iadd_params,
-    ilayernorm_params,
-    info,
-    requantize_params,
-    shiftgelu_params,
-    shiftmax_params,
-)
+from tests.opset import oneop
 from tests.opset.test_bitexact import CASES, LONG_ROWS, PROPERTY, long_row_input, max_abs_minus
 
 torch = pytest.importorskip("torch")
@@ -55,10 +47,10 @@ def test_torch_kernel_bit_exact(op):
 def test_long_rows(row, dtype, s_x, kind):
     """Shiftmax, ShiftGELU and ILayerNorm on rows of 1..4096 at the overflow edges of their sums."""
     x = long_row_input(row, dtype, kind)
-    torch_equals_reference("Shiftmax", [x, np.int8(0)], shiftmax_params(s_x, row, 7))
-    lo, hi = info(dtype)
+    torch_equals_reference("Shiftmax", [x, np.int8(0)], oneop.shiftmax_params(s_x, row, 7))
+    lo, hi = oneop.info(dtype)
     max_abs = max(-lo, hi)
-    attrs, b, c = shiftgelu_params(
+    attrs, b, c = oneop.shiftgelu_params(
         s_x, s_x * max_abs / 127, max_abs, min(23, 54 - max_abs.bit_length()), -128, 127
     )
     torch_equals_reference("ShiftGELU", [x, b, c, np.int8(0)], attrs)
@@ -67,22 +59,22 @@ def test_long_rows(row, dtype, s_x, kind):
         x = long_row_input(row, dtype, kind, lo=lo, hi=hi)
     rng = np.random.default_rng(row)
     gamma = rng.choice([-1, 1], row) * np.exp(rng.uniform(np.log(1e-2), np.log(4), row))
-    attrs, b, c, bias = ilayernorm_params(gamma, rng.normal(0, 1, row), 0.05, hi - lo, -32768, 32767)
+    attrs, b, c, bias = oneop.ilayernorm_params(gamma, rng.normal(0, 1, row), 0.05, hi - lo, -32768, 32767)
     torch_equals_reference("ILayerNorm", [x, b, c, bias, np.int16(0)], attrs)
 
 
-@pytest.mark.parametrize("xt", INT_DTYPES)
+@pytest.mark.parametrize("xt", oneop.INT_DTYPES)
 def test_rescale_extremes(xt):
     """Requantize and IAdd at the dtype extremes with the smallest and largest scale ratios."""
-    lo, hi = info(xt)
+    lo, hi = oneop.info(xt)
     x = np.array([lo, lo + 1, -1 if lo < 0 else 1, 0, 1, hi - 1, hi], dtype=xt)
     for s_x, s_y in [(1e-4, 1.0), (1.0, 1e-4), (3e-3, 7e-3)]:
-        b, c = requantize_params(s_x, s_y, max_abs_minus(xt, 0 if lo < 0 else lo))
+        b, c = oneop.requantize_params(s_x, s_y, max_abs_minus(xt, 0 if lo < 0 else lo))
         torch_equals_reference(
             "Requantize", [x, xt(0 if lo < 0 else lo), b, c, np.int8(0)], {"qmin": -128, "qmax": 127}
         )
     y = np.full(x.shape, -32768, np.int16)
-    ma, mb, c = iadd_params(1e-4, 1.0, 1e-4, max_abs_minus(xt, hi), 65535)
+    ma, mb, c = oneop.iadd_params(1e-4, 1.0, 1e-4, max_abs_minus(xt, hi), 65535)
     torch_equals_reference(
         "IAdd", [x, y, xt(hi), np.int16(32767), ma, mb, c, np.int32(0)], {"qmin": -(2**31), "qmax": 2**31 - 1}
     )
