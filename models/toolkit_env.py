@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -73,6 +74,15 @@ def _pip(python: Path, *args: str) -> None:
         raise ToolkitEnvError(f"pip install {' '.join(args)} failed: {tail}")
 
 
+def _prune() -> None:
+    """Remove cached venvs whose project venv is gone (each checkout's venv gets its own, ~600 MB)."""
+    for old in cache_dir().glob("toolkits-onnx-*"):
+        done = old / ".complete"
+        project = done.read_text().splitlines()[0] if done.exists() else ""
+        if not project or not Path(project).is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def env_python() -> Path:
     """The isolated venv's python, building the venv first if it is not cached (about 30 s)."""
     venv = _venv_dir()
@@ -83,7 +93,12 @@ def env_python() -> Path:
     with open(cache_dir() / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test processes build it once
         if not (venv / ".complete").exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            _prune()
+            r = subprocess.run(
+                [sys.executable, "-m", "venv", "--clear", str(venv)], capture_output=True, text=True
+            )
+            if r.returncode:
+                raise ToolkitEnvError(f"python -m venv {venv} failed: {r.stderr.strip()[-300:]}")
             _pip(python, *PINS)
             _pip(python, "--no-deps", *TOOLS.values())
             purelib = subprocess.run(
@@ -92,8 +107,9 @@ def env_python() -> Path:
                 text=True,
                 check=True,
             ).stdout.strip()
-            (Path(purelib) / "zz_ivit_project_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-            (venv / ".complete").write_text("\n".join((*PINS, *TOOLS.values())) + "\n")
+            project = sysconfig.get_paths()["purelib"]
+            (Path(purelib) / "zz_ivit_project_venv.pth").write_text(project + "\n")
+            (venv / ".complete").write_text("\n".join((project, *PINS, *TOOLS.values())) + "\n")
     return python
 
 
