@@ -1,6 +1,6 @@
 """A long fuzz run of the CLI: many seeded mutations of the bundled, test and BERT models (see tests/fuzz).
 
-    python benchmarks/fuzz_cli.py [--count 5000] [--seed 1]
+    python benchmarks/fuzz_cli.py [--count 5000] [--seed 1] [--compile]
 
 Prints the outcome counts and every problem (an escaping exception, an internal error, more than one error
 line, a partial or temporary file left behind); exit 1 if there is any. CI runs 520 (tests/fuzz).
@@ -23,7 +23,7 @@ from tests.fuzz.mutate import fuzz  # noqa: E402
 from tests.passes.test_lower_integer import _attention_like, _island  # noqa: E402
 
 
-def seeds(work: Path) -> tuple[dict, dict]:
+def seeds(work: Path, compile_too: bool = False) -> tuple[dict, dict]:
     attention, digits = _attention_like(), onnx.load(default_model_path())
     models = {
         "attention": attention,
@@ -39,7 +39,8 @@ def seeds(work: Path) -> tuple[dict, dict]:
         models["bert"] = quantize_bert(work / "bert_fp32.onnx", work / "bert_fq.onnx")
     except ImportError:
         pass
-    commands = {k: ["validate"] if k.endswith("int") else ["rewrite"] for k in models}
+    int_commands = ["validate", "compile"] if compile_too else ["validate"]
+    commands = {k: int_commands if k.endswith("int") else ["rewrite"] for k in models}
     return models, commands
 
 
@@ -47,9 +48,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--compile", action="store_true", help="also ivit-onnx compile the mutated integer models"
+    )
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        models, commands = seeds(Path(tmp))
+        models, commands = seeds(Path(tmp), args.compile)
         t = time.perf_counter()
         tally = fuzz(models, commands, args.count, args.seed, Path(tmp) / "runs")
         dt = time.perf_counter() - t

@@ -288,7 +288,7 @@ class Tally:
         lines = [x for x in o.err.splitlines() if x.strip()]
         if o.code == 0:
             self.kinds[f"{command}: ok"] += 1
-            if command == "rewrite" and not all(p.exists() for p in out_files):
+            if command != "validate" and not all(p.exists() for p in out_files):
                 self.problems.append(f"{command} exit 0 without its output: {o.what}")
         elif o.code in (1, 2):
             self.kinds[f"{command}: exit {o.code}"] += 1
@@ -327,7 +327,8 @@ def fuzz(
     seeds: dict[str, onnx.ModelProto], commands: dict[str, list[str]], count: int, seed: int, folder: Path
 ) -> Tally:
     """``count`` mutations spread over ``seeds`` (name -> model); each runs the commands listed for its
-    seed (``rewrite``, ``validate``). Files live in ``folder``; outputs are removed after each run."""
+    seed (``rewrite``, ``validate``, ``compile``). Files live in ``folder``; outputs are removed after each
+    run."""
     rng = random.Random(seed)
     tally = Tally()
     names = sorted(seeds)
@@ -340,6 +341,7 @@ def fuzz(
         what = f"#{i} {name}: {what}"
         for command in commands[name]:
             out = folder / f"m{i}_out.onnx"
+            outs = [out]
             if command == "rewrite":
                 argv = [
                     "rewrite",
@@ -348,10 +350,13 @@ def fuzz(
                     str(out),
                     *(["--allow-float"] if rng.random() < 0.5 else []),
                 ]
+            elif command == "compile":  # TVM: seconds per model that builds, so only in the long run
+                outs = [out.with_suffix(".so"), out.with_suffix(".json")]
+                argv = ["compile", str(src), "-o", str(outs[0]), "-q"]
             else:
                 argv = ["validate", str(src), "--samples", "2", "--batch", "2", "--json", str(out)]
-            tally.add(run_cli(argv, what), command, [out], folder)
-            for p in (out, Path(str(out) + ".data")):
+            tally.add(run_cli(argv, what), command, outs, folder)
+            for p in (*outs, Path(str(out) + ".data")):
                 if p.exists():
                     os.unlink(p)
         os.unlink(src)
