@@ -80,3 +80,22 @@ def test_allow_float_keeps_islands_and_matches(berts, form, expected):
     ref, got = _run(fq, feeds), _run(model, feeds)
     assert got.shape == ref.shape == (4, 3)
     assert np.abs(got - ref).max() <= 0.05 * np.abs(ref).max() + 1e-6
+
+
+def test_lone_erf_and_where_are_named_islands():
+    """Other exporters leave Erf outside a GELU pattern, or select the mask with Where: float islands."""
+    from tests.graphs import G, run
+
+    g = G()
+    x = g.qdq(g.input("x", [2, 8]), 0.02)
+    e = g.qdq(g.node("Erf", [x]), 1 / 128)
+    keep = g.node("Greater", [x, g.const(0.0)])
+    g.output(g.qdq(g.node("Where", [keep, e, g.const(-1.0)]), 1 / 64))
+    fq = g.model()
+    with pytest.raises(ConversionError, match="Erf"):
+        rewrite(fq)
+    model, report = rewrite(fq, allow_float=True)
+    names = {s.split()[0] for s in report.to_dict()["float_islands"]}
+    assert {"Erf", "Where"} <= names, names
+    feeds = {"x": np.linspace(-0.5, 0.5, 16, dtype=np.float32).reshape(2, 8)}
+    np.testing.assert_allclose(run(model, feeds)[0], run(fq, feeds)[0], atol=1 / 64 + 1e-6)
