@@ -83,7 +83,8 @@ def rewrite_quant(graph: gs.Graph, node: gs.Node, opset: int) -> None:
     name = node.name or node.outputs[0].name
     shape, n = ((-1,), None) if axis is not None else ((), 1)
     s = gs.Constant(f"{name}/scale", scale.astype(np.float32).reshape(-1)[:n].reshape(shape))
-    z = gs.Constant(f"{name}/zero_point", zp.reshape(-1)[:n].reshape(shape))
+    zp = np.broadcast_to(zp, scale.shape) if zp.size == 1 else zp  # QuantizeLinear: zp shaped as scale
+    z = gs.Constant(f"{name}/zero_point", np.ascontiguousarray(zp).reshape(-1)[:n].reshape(shape))
     attrs = {"axis": axis} if axis is not None else {}
     q = gs.Variable(f"{name}/q", dtype=dtype)
     graph.nodes.append(gs.Node("QuantizeLinear", f"{name}/quantize", attrs, [node.inputs[0], s, z], [q]))
