@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from .errors import ConversionError, one_line, os_error_line, print_error
+from .errors import ConversionError, guarded, one_line, print_error
 
 BUNDLED = "digits"
 
@@ -361,28 +361,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The ``ivit-onnx`` entry point: every failure is one line on stderr and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv and argv[0] == "validate":
-            from .validate import main as validate_main
+    if argv and argv[0] == "validate":
+        from .validate import main as validate_main
 
-            return validate_main(argv[1:])
+        return validate_main(argv[1:])
+
+    def command() -> int:
         args = build_parser().parse_args(argv)
         commands = {"rewrite": _run_rewrite, "passes": _run_passes, "compile": _run_compile, "run": _run_run}
         return commands[args.command](args)
-    except ConversionError as e:
-        print_error(e)
-    except SystemExit as e:  # argparse: --help, --version (0) and usage errors (2, already printed)
-        return e.code if isinstance(e.code, int) else 2
-    except OSError as e:
-        print_error(os_error_line(e))
-    except MemoryError:
-        print_error("out of memory")
-    except KeyboardInterrupt:
-        print_error("interrupted")
-        return 130
-    except Exception as e:  # noqa: BLE001 - last resort: still one line, never a traceback
-        print_error(f"internal error ({one_line(e)}); please report it with the command line")
-    return 2
+
+    return guarded(command)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 #: every command's error lines start with this (``ivit-onnx rewrite|validate|compile|run``)
 PREFIX = "ivit-onnx: error:"
@@ -29,3 +30,24 @@ def print_error(message: str) -> None:
     """Print ``ivit-onnx: error: message`` on stderr, on one line."""
     text = " ".join(str(message).split("\n")).strip()
     print(f"{PREFIX} {text}", file=sys.stderr)
+
+
+def guarded(command: Callable[[], int]) -> int:
+    """Run a command's body; every failure becomes one ``ivit-onnx: error:`` line and exit code 2
+    (argparse's own exits pass through: 0 for --help, 2 for a usage error it already printed)."""
+    try:
+        return command()
+    except ConversionError as e:
+        print_error(e)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    except OSError as e:
+        print_error(os_error_line(e))
+    except MemoryError:
+        print_error("out of memory")
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - last resort: still one line, never a traceback
+        print_error(f"internal error ({one_line(e)}); please report it with the command line")
+    return 2

@@ -18,7 +18,7 @@ from onnx import inliner
 
 from . import compare
 from .certify import float_offenders, opset_problems
-from .errors import ConversionError, one_line, os_error_line, print_error
+from .errors import guarded
 from .inputs import InputError, input_specs, load_dataset
 from .io import atomic_output, check_names, check_output_path
 from .runners import INT_BACKENDS, OrtRunner, Runner, make_runner, node_outputs, producers
@@ -610,19 +610,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 (passed), 1 (a check failed) or 2 (bad input: one line on stderr, never a traceback)."""
-    try:
-        return _main(argv)
-    except (ConversionError, InputError) as e:
-        print_error(e)
-    except SystemExit as e:  # argparse: --help, --version (0) and usage errors (2, already printed)
-        return e.code if isinstance(e.code, int) else 2
-    except OSError as e:
-        print_error(os_error_line(e))
-    except MemoryError:
-        print_error("out of memory")
-    except Exception as e:  # noqa: BLE001 - last resort: still one line
-        print_error(f"internal error ({one_line(e)}); please report it with the command line")
-    return 2
+    return guarded(lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:
