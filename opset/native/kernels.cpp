@@ -106,9 +106,18 @@ bool with_types(int ti, int to, F f) {
   }
 }
 
+// The innermost loops, compiled for several instruction sets and picked at load time by the CPU it runs
+// on (GCC's target_clones, x86-64 with glibc): the portable build (-march=x86-64-v2 by default, setup.py)
+// still gets AVX2 and AVX-512 (64-bit vector multiplies, variable shifts) where the CPU has them.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && !defined(IVIT_NO_CLONES)
+#define IVIT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define IVIT_CLONES
+#endif
+
 // max and min of n integers
 template <class T>
-void min_max(const T* __restrict x, i64 n, i64& lo, i64& hi) {
+IVIT_CLONES void min_max(const T* __restrict x, i64 n, i64& lo, i64& hi) {
   T mn = x[0], mx = x[0];
   for (i64 i = 1; i < n; ++i) {
     mn = std::min(mn, x[i]);
@@ -134,18 +143,18 @@ struct Rescale {  // clip(((t + h) >> c) + zy, lo, hi)
 
 // y = rs(f(x) * b): the one loop of Requantize (f(v) = v - zx) and ShiftGELU (f(v) = v * sg(v)).
 template <class TI, class TO, class F>
-void rescale_run(const TI* __restrict x, TO* __restrict y, i64 len, F f, i64 b, i64 h, i64 c, Rescale rs) {
+IVIT_CLONES void rescale_run(const TI* __restrict x, TO* __restrict y, i64 len, F f, i64 b, i64 h, i64 c, Rescale rs) {
   for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs(f(static_cast<i64>(x[j])) * b, h, c));
 }
 
 template <class TI, class TO, class F>
-void rescale_row(const TI* __restrict x, TO* __restrict y, i64 len, F f, const i64* __restrict b,
+IVIT_CLONES void rescale_row(const TI* __restrict x, TO* __restrict y, i64 len, F f, const i64* __restrict b,
                  const i64* __restrict h, const i64* __restrict c, Rescale rs) {
   for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs(f(static_cast<i64>(x[j])) * b[j], h[j], c[j]));
 }
 
 template <class TA, class TB, class TO>
-void iadd_run(const TA* __restrict a, const TB* __restrict b, TO* __restrict y, i64 len, i64 za, i64 zb,
+IVIT_CLONES void iadd_run(const TA* __restrict a, const TB* __restrict b, TO* __restrict y, i64 len, i64 za, i64 zb,
               i64 ma, i64 mb, i64 h, i64 c, Rescale rs) {
   for (i64 j = 0; j < len; ++j)
     y[j] = static_cast<TO>(rs((static_cast<i64>(a[j]) - za) * ma + (static_cast<i64>(b[j]) - zb) * mb, h, c));
@@ -153,7 +162,7 @@ void iadd_run(const TA* __restrict a, const TB* __restrict b, TO* __restrict y, 
 
 // e = exp_of(max - x) over a row, and its sum
 template <class TI, class F>
-i64 softmax_exps(const TI* __restrict x, i64* __restrict e, i64 len, i64 mx, F exp_of) {
+IVIT_CLONES i64 softmax_exps(const TI* __restrict x, i64* __restrict e, i64 len, i64 mx, F exp_of) {
   i64 sum = 0;
   for (i64 j = 0; j < len; ++j) {
     e[j] = exp_of(mx - x[j]);
@@ -163,12 +172,12 @@ i64 softmax_exps(const TI* __restrict x, i64* __restrict e, i64 len, i64 mx, F e
 }
 
 template <class TO>
-void softmax_out(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, i64 sh, i64 zy) {
+IVIT_CLONES void softmax_out(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, i64 sh, i64 zy) {
   for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(((e[j] * f) >> sh) + zy);
 }
 
 template <class TI>
-i64 centre(const TI* __restrict x, i64* __restrict d, i64 len, i64 scale, i64 mean) {
+IVIT_CLONES i64 centre(const TI* __restrict x, i64* __restrict d, i64 len, i64 scale, i64 mean) {
   i64 v = 0;
   for (i64 j = 0; j < len; ++j) {
     d[j] = static_cast<i64>(x[j]) * scale - mean;
@@ -178,7 +187,7 @@ i64 centre(const TI* __restrict x, i64* __restrict d, i64 len, i64 scale, i64 me
 }
 
 template <class TO>
-void layernorm_out(const i64* __restrict d, TO* __restrict y, i64 len, i64 f, i64 ush, const i64* __restrict b,
+IVIT_CLONES void layernorm_out(const i64* __restrict d, TO* __restrict y, i64 len, i64 f, i64 ush, const i64* __restrict b,
                    const i64* __restrict bias, const i64* __restrict h, const i64* __restrict c, Rescale rs) {
   for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs(((d[j] * f) >> ush) * b[j] + bias[j], h[j], c[j]));
 }
