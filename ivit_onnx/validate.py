@@ -570,8 +570,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="the integer-only model (int.onnx)")
     g = p.add_argument_group("runs")
     g.add_argument("--backends", type=_backends, default=["library"], metavar="LIST",
-                   help="comma list of library, functions, reference; the first is the one compared with "
-                        "the references, the others must agree with it bit for bit (default: library)")
+                   help="comma list of library (the native onnxruntime custom-op library; where it was not "
+                        "built, onnxruntime-extensions with the numpy kernels), functions, reference; the "
+                        "first is compared with the references, the others must agree with it bit for bit "
+                        "(default: library)")
     g.add_argument("--threads", type=int, default=None, metavar="N",
                    help="onnxruntime intra-op threads (default: all)")
     g.add_argument("--int8-gemm", action="store_true",
