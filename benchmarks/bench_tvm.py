@@ -1,5 +1,7 @@
 """TVM (llvm) on the integer model vs TVM on its FP32 twin vs onnxruntime FP32, measured side by side.
 
+    python benchmarks/bench_tvm.py --target cuda ...   # CUDA proxies, GPU timings (bench_tvm_cuda.py)
+
     python benchmarks/bench_tvm.py INT.onnx FP32.onnx [--trials 0] [--tune-dir DIR] [--batch 8]
                                    [--threads 2] [--iters 20] [--json OUT]
     python benchmarks/bench_tvm.py --demo [--batch 8] ...    # a hand-built DeiT-Tiny-sized block pair
@@ -179,7 +181,16 @@ def measure(runners: dict, iters: int, warmup: int) -> dict[str, list[float]]:
 
 
 def main(argv=None) -> int:
-    args = _parse(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    target = argparse.ArgumentParser(add_help=False)
+    target.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
+    known, rest = target.parse_known_args(argv)
+    if known.target == "cuda":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from bench_tvm_cuda import main as cuda_main
+
+        return cuda_main(rest)
+    args = _parse(rest)
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))  # read when TVM's thread pool starts
     work = Path(tempfile.mkdtemp(prefix="ivit_bench_tvm_"))
     tune_dir = args.tune_dir or work / "tune"

@@ -132,4 +132,7 @@ def int8_matmul(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
         if isinstance(func, relax.Function):
             rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
     new = rewriter.builder_.get()
+    # the rewritten call's old binding is left as ``lv = <new var>``: such aliases stop FuseOps from fusing
+    # the GEMM with its epilogue (bias add, Requantize), so fold them away
+    new = relax.transform.CanonicalizeBindings()(new)
     return relax.transform.DeadCodeElimination()(new), rewriter.count

@@ -177,10 +177,29 @@ def test_integer_build_ptx_has_no_inexact_float(arch):
     assert "div.rn.f64" in fast and not re.search(r"\bdiv\.(?:approx|full)[\w.]*\.f32", fast)
 
 
-def _deit_models(tmp, name: str):
-    from _deit_cases import deit_pair
+def check_deit_against_onnxruntime(int_path, batches, size: int, **compile_args) -> None:
+    """Compile the integer DeiT at each batch; its output equals onnxruntime's run of the function bodies
+    (fresh ones, as the TVM path uses) bit for bit on random normal images."""
+    model = onnx.load(int_path)
+    reference = ort.InferenceSession(
+        attach_functions(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    rng = np.random.default_rng(0)
+    for batch in batches:
+        art = compile_model(model, shape={"input": [batch, 3, size, size]}, **compile_args)
+        x = rng.standard_normal((batch, 3, size, size)).astype(np.float32)
+        (out,) = art.run({"input": x})
+        (expected,) = reference.run(None, {"input": x})
+        assert out.dtype == expected.dtype == np.float32
+        np.testing.assert_array_equal(out, expected, err_msg=f"{int_path.name} batch {batch}")
 
-    return deit_pair(tmp, batch=4, name=f"{name}_patch16_224")
+
+@pytest.mark.slow
+def test_small_deit_bitexact_on_llvm(tmp_path):
+    """The GPU test's code path on the CPU, for a one-block DeiT-shaped model (head_dim 64)."""
+    from _deit_cases import SMALL_DEIT, deit_pair
+
+    check_deit_against_onnxruntime(deit_pair(tmp_path)["int"], (8, 64), SMALL_DEIT["img_size"])
 
 
 @pytest.mark.gpu
@@ -188,18 +207,8 @@ def _deit_models(tmp, name: str):
 @pytest.mark.parametrize("name", ["deit_tiny", "deit_small"])
 def test_deit_bitexact_on_gpu(name, tmp_path):
     """Whole DeiT outputs on the GPU equal onnxruntime's run of the function bodies, batch 8 and 64."""
+    from _deit_cases import deit_pair
+
     major, minor = tvm.cuda(0).compute_version.split(".")
-    model = onnx.load(_deit_models(tmp_path, name)["int"])
-    reference = ort.InferenceSession(
-        attach_functions(model).SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    rng = np.random.default_rng(0)
-    for batch in (8, 64):
-        art = compile_model(
-            model, target="cuda", arch=f"sm_{major}{minor}", shape={"input": [batch, 3, 224, 224]}
-        )
-        x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
-        (out,) = art.run({"input": x})
-        (expected,) = reference.run(None, {"input": x})
-        assert out.dtype == expected.dtype == np.float32
-        np.testing.assert_array_equal(out, expected, err_msg=f"{name} batch {batch}")
+    paths = deit_pair(tmp_path, batch=4, name=f"{name}_patch16_224")
+    check_deit_against_onnxruntime(paths["int"], (8, 64), 224, target="cuda", arch=f"sm_{major}{minor}")
