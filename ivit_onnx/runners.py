@@ -93,6 +93,7 @@ class OrtRunner(Runner):
         self.u8_gemm = backend == "library" if u8_gemm is None else u8_gemm
         self.recoded: set[str] = set()  # tensors the session holds re-encoded (decoded on the way out)
         self.recoded_producers: list[str] = []
+        self.bias_folds = 0  # GEMM bias Adds folded into the next Requantize (ivit_onnx.bias_fold)
         self._run_model = None
 
     def _session(self, extra: tuple[str, ...]):
@@ -112,6 +113,10 @@ class OrtRunner(Runner):
                 from ivit_onnx.opset import native, ort_library
 
                 native.set_threads(self.threads)  # the fallback's kernels; the native library uses ORT's pool
+                if native.available():
+                    from ivit_onnx.bias_fold import fold_bias
+
+                    model, self.bias_folds = fold_bias(model, keep=set(extra))
                 model = ort_library.register(opts, model)
             if extra:
                 model = with_outputs(model, list(extra))
@@ -143,7 +148,8 @@ class OrtRunner(Runner):
                    "numpy reference kernels in onnxruntime-extensions (the native library was not built)")
         gemm = (f"{len(self.recoded_producers)} int8 GEMM operand producers re-encoded as uint8 (exact)"
                 if self.u8_gemm else "int8 GEMMs as converted")
-        return f"{kernels}; {gemm}"
+        folds = f"; {self.bias_folds} GEMM bias Adds folded into Requantize" if self.bias_folds else ""
+        return f"{kernels}; {gemm}{folds}"
 
     def _run(self, feeds, extra):
         from ivit_onnx.u8_gemm import decode

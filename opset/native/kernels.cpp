@@ -198,12 +198,14 @@ std::vector<i64> halves(const i64* c, i64 n) {
   return h;
 }
 
-// y = clip(round_shift(f(x) * b[ch], c[ch]) + zy, qmin, qmax) over an (outer, nc, inner) tensor, 0 <= c <= 62.
-// setup(xs, total, run) picks f for the input (it may scan xs first) and calls run(f).
+// y = clip(round_shift(f(x) * b[ch] + offset[ch], c[ch]) + zy, qmin, qmax) over an (outer, nc, inner)
+// tensor, 0 <= c <= 62 (offset may be null: 0). setup(xs, total, run) picks f for the input (it may scan xs
+// first) and calls run(f).
 template <class Setup>
 int rescale_each(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* b, const i64* c, i64 zy,
-                 i64 qmin, i64 qmax, void* y, int to, int threads, Setup setup) {
-  const std::vector<i64> half = halves(c, nc);
+                 i64 qmin, i64 qmax, void* y, int to, int threads, Setup setup, const i64* offset = nullptr) {
+  std::vector<i64> half = halves(c, nc);
+  for (i64 k = 0; offset && k < nc; ++k) half[k] += offset[k];
   const i64* h = half.data();
   const Rescale rs{zy, qmin, qmax};
   return with_types(ti, to, [&](auto ti_, auto to_) {
@@ -236,11 +238,22 @@ ParallelHook set_parallel_hook(ParallelHook hook) {
 
 extern "C" {
 
+// y = clip(round_shift((x - zx[ch]) * b[ch], c[ch]) + zy, qmin, qmax); ch = (i / inner) % nc; 0 <= c <= 62.
+// A zero point per channel is how a GEMM's bias folds in (zx[ch] = zx - bias[ch], ivit_onnx/bias_fold.py).
+// Computed as x * b[ch] + (floor(2**c/2) - zx[ch] * b[ch]): the same int64 in wrap-around arithmetic.
+int ivit_requantize_pc(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* zx, const i64* b,
+                       const i64* c, i64 zy, i64 qmin, i64 qmax, void* y, int to, int threads) {
+  std::vector<i64> offset(nc);
+  for (i64 k = 0; k < nc; ++k) offset[k] = -(zx[k] * b[k]);
+  return rescale_each(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to, threads,
+                      [&](const auto*, i64, auto run) { run([](i64 v) { return v; }); }, offset.data());
+}
+
 // y = clip(round_shift((x - zx) * b[ch], c[ch]) + zy, qmin, qmax); ch = (i / inner) % nc; 0 <= c <= 62.
 int ivit_requantize(const void* x, int ti, i64 outer, i64 nc, i64 inner, i64 zx, const i64* b, const i64* c,
                     i64 zy, i64 qmin, i64 qmax, void* y, int to, int threads) {
-  return rescale_each(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to, threads,
-                      [&](const auto*, i64, auto run) { run([zx](i64 v) { return v - zx; }); });
+  const std::vector<i64> zxs(nc, zx);
+  return ivit_requantize_pc(x, ti, outer, nc, inner, zxs.data(), b, c, zy, qmin, qmax, y, to, threads);
 }
 
 // y = clip(round_shift((a - za) * ma + (b - zb) * mb, c) + zy, qmin, qmax); b repeats every nb elements.

@@ -7,6 +7,9 @@
 extern "C" {
 int ivit_requantize(const void* x, int ti, int64_t outer, int64_t nc, int64_t inner, int64_t zx, const int64_t* b,
                     const int64_t* c, int64_t zy, int64_t qmin, int64_t qmax, void* y, int to, int threads);
+int ivit_requantize_pc(const void* x, int ti, int64_t outer, int64_t nc, int64_t inner, const int64_t* zx,
+                       const int64_t* b, const int64_t* c, int64_t zy, int64_t qmin, int64_t qmax, void* y, int to,
+                       int threads);
 int ivit_iadd(const void* a, int ta, const void* b, int tb, int64_t n, int64_t nb, int64_t za, int64_t zb,
               int64_t ma, int64_t mb, int64_t c, int64_t zy, int64_t qmin, int64_t qmax, void* y, int to,
               int threads);

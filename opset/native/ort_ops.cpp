@@ -253,10 +253,11 @@ void saturate_all(Call& c, const std::vector<i64>& t, const std::vector<i64>& sh
 void requantize(Call& c) {
   const i64 qmin = c.a(0), qmax = c.a(1);
   Channels ch;
-  if (c.full(0) && c.scalar(1) && c.scalar(4) && channels(c.out, {&c.in[2], &c.in[3]}, ch) &&
-      shifts_ok(ch.values[1])) {
-    ivit_requantize(c.in[0].data, c.code(0), ch.outer, ch.nc, ch.inner, c.in[1].at(0), ch.values[0].data(),
-                    ch.values[1].data(), c.in[4].at(0), qmin, qmax, c.y, kernel_code(c.y_elem), 0);
+  if (c.full(0) && c.scalar(4) && channels(c.out, {&c.in[1], &c.in[2], &c.in[3]}, ch) &&
+      shifts_ok(ch.values[2])) {  // zero point, multiplier and shift per tensor or along one axis
+    ivit_requantize_pc(c.in[0].data, c.code(0), ch.outer, ch.nc, ch.inner, ch.values[0].data(),
+                       ch.values[1].data(), ch.values[2].data(), c.in[4].at(0), qmin, qmax, c.y,
+                       kernel_code(c.y_elem), 0);
     return;
   }
   const auto x = expand(c.in[0], c.out), zx = expand(c.in[1], c.out), b = expand(c.in[2], c.out);

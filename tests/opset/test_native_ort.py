@@ -401,3 +401,55 @@ def test_pool_and_concurrent_runs_match_the_reference(case):
 
 if __name__ == "__main__":
     print(json.dumps(check_every_pair(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3)))
+
+
+# ------------------------------------------------------------------------------- bias folding
+
+
+def gemm_bias_requantize(w: np.ndarray, bias: np.ndarray) -> onnx.ModelProto:
+    """``Requantize(Add(MatMulInteger(a, w, 128, 0), bias), zx=3, b, c, zy)``, the converter's pattern."""
+    from ivit_onnx.opset.functions import attach_functions
+
+    inits = [
+        onnx.numpy_helper.from_array(w, "w"),
+        onnx.numpy_helper.from_array(np.uint8(128), "za"),
+        onnx.numpy_helper.from_array(np.int8(0), "zw"),
+        onnx.numpy_helper.from_array(bias, "bias"),
+        onnx.numpy_helper.from_array(np.int32(3), "zx"),
+        onnx.numpy_helper.from_array(RNG.integers(1 << 20, 1 << 24, w.shape[1]).astype(np.int64), "b"),
+        onnx.numpy_helper.from_array(np.full(w.shape[1], 36, np.int64), "c"),
+        onnx.numpy_helper.from_array(np.int8(-1), "zy"),
+    ]
+    nodes = [
+        helper.make_node("MatMulInteger", ["a", "w", "za", "zw"], ["acc"], name="mm"),
+        helper.make_node("Add", ["acc", "bias"], ["biased"], name="add"),
+        OPS["Requantize"].make_node(["biased", "zx", "b", "c", "zy"], ["y"], name="rq", qmin=-128, qmax=127),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [4, 5, w.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.INT8, None)],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    attach_functions(model)
+    return model
+
+
+@needs_library
+def test_bias_fold_is_exact_and_only_where_provable():
+    from ivit_onnx.bias_fold import fold_bias
+    from ivit_onnx.opset.ort_library import session
+
+    w = RNG.integers(-128, 128, (64, 48)).astype(np.int8)
+    bias = RNG.integers(-(1 << 20), 1 << 20, 48).astype(np.int32)
+    model = gemm_bias_requantize(w, bias)
+    feeds = {"a": RNG.integers(0, 256, (4, 5, 64)).astype(np.uint8)}
+    folded, n = fold_bias(model)
+    assert n == 1 and [x.op_type for x in folded.graph.node] == ["MatMulInteger", "Requantize"]
+    want = session(model, "functions").run(None, feeds)[0]
+    assert np.array_equal(session(folded, "library").run(None, feeds)[0], want)
+    assert fold_bias(model, keep={"biased"})[1] == 0  # a tensor someone reads stays
+    huge = np.full(48, (1 << 31) - 1000, np.int32)  # acc + bias could wrap in int32: left alone
+    assert fold_bias(gemm_bias_requantize(w, huge))[1] == 0
