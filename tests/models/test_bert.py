@@ -73,9 +73,7 @@ def test_allow_float_keeps_islands_and_matches(berts, form, expected):
     assert expected <= {s.split()[0] for s in islands}, islands
     assert "float islands: " + str(len(islands)) in report.summary()
     counts = report.counts["lower_integer"]
-    assert (
-        counts["MatMulInteger"] == 17 and counts["ILayerNorm"] == 5
-    )  # 2 x 8 GEMMs + head
+    assert counts["MatMulInteger"] == 17 and counts["ILayerNorm"] == 5  # 2 x 8 GEMMs + head
     feeds = example_inputs(BertConfig(), batch=4, seq=8, seed=5)
     ref, got = _run(fq, feeds), _run(model, feeds)
     assert got.shape == ref.shape == (4, 3)
