@@ -60,15 +60,34 @@ def build(out: Path, name: str = "deit_tiny") -> dict[str, Path]:
     return paths
 
 
-def runners(paths: dict[str, Path], threads: int) -> dict:
+LIBRARY = "int: custom-op library"
+BODIES = "int: function bodies"
+
+
+def runners(paths: dict[str, Path], threads: int, steps: bool = False, bodies: bool = True) -> dict:
+    """The runners, by label; ``steps`` adds the library without each session-time step (what each buys)."""
     fp32, fq, integer = (onnx.load(paths[k]) for k in ("fp32", "fq", "int"))
     out = {"fp32 (onnxruntime)": OrtRunner(fp32, "onnxruntime", threads),
            "fake-quant QDQ (onnxruntime)": OrtRunner(fq, "onnxruntime", threads),
-           "int: custom-op library": OrtRunner(integer, "library", threads),
-           "int: function bodies": OrtRunner(integer, "functions", threads)}
+           LIBRARY: OrtRunner(integer, "library", threads)}
+    if steps:
+        out["int: library, no bias fold"] = OrtRunner(integer, "library", threads, bias_fold=False)
+        out["int: library, int8 GEMMs, no fold"] = OrtRunner(integer, "library", threads, u8_gemm=False,
+                                                             bias_fold=False)
+    if bodies:
+        out[BODIES] = OrtRunner(integer, "functions", threads)
     for r in out.values():
         r.prepare()
     return out
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    import platform
+
+    return platform.processor() or platform.machine()
 
 
 def measure(rs: dict, x: np.ndarray, iters: int, warmup: int = 2) -> dict[str, list[float]]:
@@ -107,9 +126,10 @@ def profile(model: onnx.ModelProto, backend: str, x: np.ndarray, threads: int, i
     opts.log_severity_level = 3
     owner_of: dict[str, str] = {}
     if backend == "library":
+        from ivit_onnx.bias_fold import fold_bias
         from ivit_onnx.u8_gemm import recode
 
-        model = register(opts, recode(model).model)  # as OrtRunner's library backend runs it
+        model = register(opts, fold_bias(recode(model).model)[0])  # as OrtRunner's library backend runs it
     elif backend == "functions":
         model, owner_of = named_inline(model)  # what ORT's own inlining does, with names kept
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -138,28 +158,47 @@ def profile(model: onnx.ModelProto, backend: str, x: np.ndarray, threads: int, i
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "ivit_bench_validate"))
-    ap.add_argument("--model", choices=["deit_tiny", "deit_small", "deit_base"], default="deit_tiny")
+    ap.add_argument("--model", default="deit_tiny,deit_small",
+                    help="comma list of deit_tiny, deit_small, deit_base (default: deit_tiny,deit_small)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--steps", action="store_true",
+                    help="also time the library without the bias fold and without the uint8 GEMM re-encoding")
+    ap.add_argument("--bodies-once", action="store_true",
+                    help="run the function bodies once, for the bit-exactness check only (they are slow)")
     ap.add_argument("--profile", action="store_true", help="also print the per-op-type profile")
     args = ap.parse_args(argv)
+    models = args.model.split(",")
+    bad = [m for m in models if m not in ("deit_tiny", "deit_small", "deit_base")]
+    if bad:
+        ap.error(f"unknown model(s) {bad}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = build(out, args.model)
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores visible)")
+    ok = True
+    for name in models:
+        ok = run_model(args, name, build(out, name)) and ok
+    return 0 if ok else 1
+
+
+def run_model(args, name: str, paths: dict[str, Path]) -> bool:
+    """Time, check and (optionally) profile one model; whether the library matched the function bodies."""
     x = np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
-    rs = runners(paths, args.threads)
+    rs = runners(paths, args.threads, steps=args.steps, bodies=not args.bodies_once)
     times = measure(rs, x, args.iters)
     base = statistics.median(times["fp32 (onnxruntime)"])
-    print(f"{args.model} 224², batch {args.batch}, {args.threads} threads, median of {args.iters} "
+    print(f"\n{name} 224², batch {args.batch}, {args.threads} threads, median of {args.iters} "
           f"(onnxruntime {ort.__version__})")
-    print(f"{'backend':32s} {'ms/batch':>9s} {'images/s':>9s} {'x FP32 time':>11s}")
-    for name, ts in times.items():
+    print(f"{'backend':36s} {'ms/batch':>9s} {'images/s':>9s} {'x FP32 time':>11s}")
+    for label, ts in times.items():
         med = statistics.median(ts)
-        print(f"{name:32s} {1000 * med:9.1f} {args.batch / med:9.1f} {med / base:11.2f}")
-    outs = {k: rs[k].run({"input": x}) for k in ("int: custom-op library", "int: function bodies")}
-    same = all(np.array_equal(a, b) for a, b in zip(*(o.values() for o in outs.values()), strict=True))
+        print(f"{label:36s} {1000 * med:9.1f} {args.batch / med:9.1f} {med / base:11.2f}")
+    bodies = rs[BODIES] if BODIES in rs else OrtRunner(onnx.load(paths["int"]), "functions", args.threads)
+    outs = [rs[LIBRARY].run({"input": x}), bodies.run({"input": x})]
+    same = all(np.array_equal(a, b) for a, b in zip(*(o.values() for o in outs), strict=True))
     print(f"library and function-body outputs bit-identical: {same}")
+    print(f"library: {rs[LIBRARY].describe()}")
     if args.profile:
         integer = onnx.load(paths["int"])
         for label, model, backend in (("fp32", onnx.load(paths["fp32"]), "onnxruntime"),
@@ -175,7 +214,7 @@ def main(argv=None) -> int:
                 print(f"  inside the bodies ({body:.1f} ms), by standard op:")
                 for op, ms in list(prof["body_ops"].items())[:10]:
                     print(f"    {op:32s} {ms:9.2f} ms {100 * ms / total:5.1f}%")
-    return 0
+    return same
 
 
 if __name__ == "__main__":

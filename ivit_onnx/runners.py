@@ -83,7 +83,7 @@ class OrtRunner(Runner):
     """onnxruntime on the CPU; ``backend`` is ``library``, ``functions`` or ``onnxruntime`` (plain)."""
 
     def __init__(self, model: onnx.ModelProto, backend: str = "onnxruntime", threads: int | None = None,
-                 u8_gemm: bool | None = None):
+                 u8_gemm: bool | None = None, bias_fold: bool = True):
         super().__init__(model, threads)
         if backend not in ("library", "functions", "onnxruntime"):
             raise ValueError(f"unknown onnxruntime backend {backend!r}")
@@ -93,7 +93,8 @@ class OrtRunner(Runner):
         self.u8_gemm = backend == "library" if u8_gemm is None else u8_gemm
         self.recoded: set[str] = set()  # tensors the session holds re-encoded (decoded on the way out)
         self.recoded_producers: list[str] = []
-        self.bias_folds = 0  # GEMM bias Adds folded into the next Requantize (ivit_onnx.bias_fold)
+        self.bias_fold = bias_fold  # library: fold GEMM bias Adds into Requantize (ivit_onnx.bias_fold)
+        self.bias_folds = 0  # how many it folded
         self._run_model = None
 
     def _session(self, extra: tuple[str, ...]):
@@ -113,7 +114,7 @@ class OrtRunner(Runner):
                 from ivit_onnx.opset import native, ort_library
 
                 native.set_threads(self.threads)  # the fallback's kernels; the native library uses ORT's pool
-                if native.available():
+                if native.available() and self.bias_fold:
                     from ivit_onnx.bias_fold import fold_bias
 
                     model, self.bias_folds = fold_bias(model, keep=set(extra))
