@@ -112,10 +112,11 @@ def _backend(target: tvm.target.Target):
 
 def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Legalize and fuse into TIR functions: the module meta-schedule extracts its tuning tasks from."""
+    from .kernels import restore_injective, schedule_row_kernels
+
     passes = _backend(target).library_dispatch_passes(target) + [
-        relax.transform.LegalizeOps(LEGALIZE), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.LegalizeOps(LEGALIZE), relax.transform.AnnotateTIROpPattern(), restore_injective,
         relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
-    from .kernels import schedule_row_kernels
 
     with target:
         return schedule_row_kernels(tvm.transform.Sequential(passes)(mod), target)
@@ -147,11 +148,13 @@ def relax_pipeline(target: tvm.target.Target, database=None, chains: bool = True
 
 def compile_model(model_or_path, target="llvm", arch: str | None = None, out=None, tune_trials: int = 0,
                   tune_db=None, shape: dict | None = None, int8: bool = True,
-                  fast_math: bool = False, progress=None, kernels: bool = True) -> Artifact:
+                  fast_math: bool = False, progress=None, kernels: bool = True,
+                  cuda_graph: bool = False) -> Artifact:
     """Compile an (integer) ONNX model for ``target``; with ``out`` (a ``.so`` path) export it + ``.json``.
 
     On cuda, CUDA source is compiled with IEEE float flags (:func:`.cuda.exact_cuda_compile`) unless
-    ``fast_math`` (TVM's default ``--use_fast_math``, e.g. for an FP32 baseline).
+    ``fast_math`` (TVM's default ``--use_fast_math``, e.g. for an FP32 baseline). ``cuda_graph``: capture
+    the static parts of the forward as CUDA graphs (``relax.backend.use_cuda_graph``).
 
     ``tune_trials > 0`` runs meta-schedule tuning into the database directory ``tune_db`` (a temporary one if
     None) first; an existing ``tune_db`` with ``tune_trials == 0`` only applies the schedules stored there.
@@ -176,7 +179,8 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
         say(f"tuning ({tune_trials} trials)" if tune_trials > 0 else "opening the tuning database")
         database = tune(mod, tgt, tune_trials, tune_db) if tune_trials > 0 else open_database(tune_db)
     say(f"building for {tgt.kind.name} (tvm.compile)")
-    with tvm.transform.PassContext(opt_level=3), _cuda_flags(tgt, fast_math):
+    config = {"relax.backend.use_cuda_graph": True} if cuda_graph else {}
+    with tvm.transform.PassContext(opt_level=3, config=config), _cuda_flags(tgt, fast_math):
         if database is not None:
             with database:
                 executable = tvm.compile(mod, target=tgt, relax_pipeline=relax_pipeline(tgt, database))
@@ -186,7 +190,7 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
     target_dict["kind"] = tgt.kind.name
     info = {"format": FORMAT, "tvm": tvm.__version__, "int8_matmuls": n_int8, "tune_trials": tune_trials,
             "tune_db": str(tune_db) if tune_db else None, "fast_math": bool(fast_math),
-            "kernels": bool(kernels)}
+            "kernels": bool(kernels), "cuda_graph": bool(cuda_graph)}
     art = Artifact(executable, inputs, outputs, target_dict, None, info)
     if out is not None:
         export(art, out)

@@ -9,6 +9,7 @@ import re
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 from _tvm_cases import batch_feeds, batch_model, chain_model
 
@@ -176,3 +177,36 @@ def _division_loops(source: str, kernel: str) -> list[str]:
                 raise AssertionError(f"{kernel}: no 64-bit division found")
             stack.pop()
     raise AssertionError(f"{kernel}: no 64-bit division found")
+
+
+def _fused_names(model, batch_shape: dict) -> list[str]:
+    prepared = prepare_for_tvm(model, keep_ops=KERNEL_OPS)
+    mod, _ = import_relax(prepared, io_specs(prepared, batch_shape)[0])
+    return [gv.name_hint for gv, f in fuse(mod, make_target("llvm")).functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+def test_digits_model_bitexact_and_fused(tmp_path):
+    """The bundled digits ViT (integer rewrite) through the kernels equals onnxruntime's run of the function
+    bodies on real digits; every Requantize fuses into a neighbour and every ShiftGELU into its GEMM."""
+    import onnxruntime as ort
+
+    from ivit_onnx import rewrite
+    from ivit_onnx.models.bundled import default_model_path
+    from ivit_onnx.opset.functions import attach_functions
+
+    rewrite(default_model_path(), tmp_path / "int.onnx")
+    model = onnx.load(tmp_path / "int.onnx")
+    name = model.graph.input[0].name
+    shape = [8] + [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[1:]]
+    names = _fused_names(model, {name: shape})
+    assert "ivit_requantize" not in names and not any(n.startswith("ivit_shiftgelu") for n in names)
+    assert any("matmul" in n and "ivit_shiftgelu" in n for n in names), names
+    from sklearn.datasets import load_digits
+
+    x = (load_digits().images[:8, None] / 16.0).astype(np.float32).reshape(shape)
+    (out,) = compile_model(model, shape={name: shape}).run({name: x})
+    session = ort.InferenceSession(attach_functions(model).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {name: x})
+    np.testing.assert_array_equal(out, expected)

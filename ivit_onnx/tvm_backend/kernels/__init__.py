@@ -15,9 +15,9 @@ Every kernel equals the numpy reference (``opset/<op>.py``) bit for bit on the i
 
 from __future__ import annotations
 
-from .frontend import ivit_converters, schedule_row_kernels
+from .frontend import ivit_converters, restore_injective, schedule_row_kernels
 
 #: the private ops that have kernels here (all five)
 KERNEL_OPS = ("Requantize", "IAdd", "ShiftGELU", "Shiftmax", "ILayerNorm")
 
-__all__ = ["KERNEL_OPS", "ivit_converters", "schedule_row_kernels"]
+__all__ = ["KERNEL_OPS", "ivit_converters", "restore_injective", "schedule_row_kernels"]

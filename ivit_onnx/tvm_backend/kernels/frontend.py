@@ -20,8 +20,12 @@ from tvm import relax
 from ...opset import OPS
 from . import elementwise, rows
 
-#: FuseOps never fuses an opaque function (relay's OpPatternKind::kOpaque)
-OPAQUE = 8
+#: relay's OpPatternKind: FuseOps never fuses kOpaque; a GEMM (kOutEWiseFusable) takes consumers up to
+#: kBroadcast, but FuseOps refuses a kBroadcast whose argument (the table) does not broadcast: kElemWise
+OPAQUE, ELEMWISE = 8, 0
+#: attribute of kernels that are injective although they gather from a constant table (ShiftGELU's sigmoid):
+#: ``AnnotateTIROpPattern`` calls any data-dependent load opaque, :func:`restore_injective` undoes that
+INJECTIVE_ATTR = "ivit.injective"
 _INT_ATTRS = {op: tuple(spec.attributes) for op, spec in OPS.items()}
 
 
@@ -59,7 +63,8 @@ def _convert(op: str, bb: relax.BlockBuilder, inputs: list, attr: dict):
         if span is None:
             return bb.emit_te(elementwise.shiftgelu, *inputs, **attrs, primfunc_name_hint=name)
         table = relax.const(elementwise.gelu_table(*span, attrs["x0"], attrs["n"], attrs["bits"]))
-        return bb.emit_te(elementwise.shiftgelu, *inputs, table, **attrs, lo=span[0], primfunc_name_hint=name)
+        return bb.emit_te(elementwise.shiftgelu, *inputs, table, **attrs, lo=span[0], primfunc_name_hint=name,
+                          primfunc_attrs={INJECTIVE_ATTR: 1})
     _static_last_dim(inputs[0], op)
     kernel = rows.shiftmax if op == "Shiftmax" else rows.ilayernorm
     return bb.emit_te(
@@ -101,6 +106,17 @@ def ivit_converters():
         fe._get_convert_map = original
 
 
+@tvm.transform.module_pass(opt_level=0, name="IvitRestoreInjective")
+def restore_injective(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
+    """After ``AnnotateTIROpPattern``: the table kernels (:data:`INJECTIVE_ATTR`: elementwise in ``x``, the
+    table a constant) are marked kElemWise, so ``FuseOps`` folds them into the producing GEMM's epilogue."""
+    updates = {gv: func.with_attr("op_pattern", ELEMWISE) for gv, func in mod.functions_items()
+               if isinstance(func, tvm.tirx.PrimFunc) and INJECTIVE_ATTR in (func.attrs or {})}
+    for gv, func in updates.items():
+        mod[gv] = func
+    return mod
+
+
 def schedule_row_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Schedule every row kernel (:data:`.rows.KERNEL_ATTR`) of ``mod`` for ``target``; others untouched."""
     updates = {}
@@ -113,4 +129,4 @@ def schedule_row_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IR
     return mod
 
 
-__all__ = ["ivit_converters", "schedule_row_kernels"]
+__all__ = ["ivit_converters", "restore_injective", "schedule_row_kernels"]
