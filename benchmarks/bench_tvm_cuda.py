@@ -30,6 +30,7 @@ import onnx
 MODELS = ("deit_tiny", "deit_small")
 PROXY_COLUMNS = (
     ("launches", "launches"),
+    ("launch_calls", "launch calls"),
     ("gemms", "GEMMs"),
     ("int8_tc_gemms", "int8 TC GEMMs"),
     ("int32_gemm_outputs", "int32-out GEMMs"),
@@ -48,6 +49,7 @@ def _parse(argv):
     p.add_argument("--iters", type=int, default=50, help="timed rounds (GPU)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--json", type=Path, default=None, help="write all results here")
+    p.add_argument("--cuda-graph", action="store_true", help="both builds with relax.backend.use_cuda_graph")
     p.add_argument("--kernels-out", type=Path, default=None, help="per-kernel GPU time table (markdown)")
     return p.parse_args(argv)
 
@@ -58,7 +60,9 @@ def gpu_present() -> bool:
     return bool(tvm.cuda(0).exist)
 
 
-def build_proxies(path: Path, arch: str, batch: int, exact: bool) -> tuple[object, dict]:
+def build_proxies(
+    path: Path, arch: str, batch: int, exact: bool, cuda_graph: bool = False
+) -> tuple[object, dict]:
     """Compile for cuda; the artifact and its proxy row plus compile seconds (TVM, nvcc) and div64 list."""
     from ivit_onnx.tvm_backend import compile_model
     from ivit_onnx.tvm_backend.cuda import cuda_sources, to_ptx
@@ -66,7 +70,12 @@ def build_proxies(path: Path, arch: str, batch: int, exact: bool) -> tuple[objec
 
     t0 = time.perf_counter()
     art = compile_model(
-        path, target="cuda", arch=arch, shape={"input": [batch, 3, 224, 224]}, fast_math=not exact
+        path,
+        target="cuda",
+        arch=arch,
+        shape={"input": [batch, 3, 224, 224]},
+        fast_math=not exact,
+        cuda_graph=cuda_graph,
     )
     tvm_s = time.perf_counter() - t0
     source = "\n".join(cuda_sources(art.module))
@@ -236,7 +245,7 @@ def main(argv=None) -> int:
         arts = {}
         for build_name, exact in (("int", True), ("fp32", False)):
             arts[build_name], rows[(name, build_name)] = build_proxies(
-                paths[build_name], args.arch, args.batch, exact
+                paths[build_name], args.arch, args.batch, exact, args.cuda_graph
             )
         arts_by_model[name] = (paths, arts)
         results["models"][name] = {"proxies": {b: rows[(name, b)] for b in ("int", "fp32")}}

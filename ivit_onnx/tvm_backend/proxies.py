@@ -60,13 +60,38 @@ def kernels(source: str) -> dict[str, Kernel]:
     return found
 
 
-def forward_calls(vm_text: str) -> list[str]:
-    """Names of the functions ``main`` calls, in order, ``vm.builtin.*`` left out."""
-    start = vm_text.find("@main:")
-    body = vm_text[start:] if start >= 0 else vm_text
-    nxt = body.find("\n@", 1)
-    body = body if nxt < 0 else body[:nxt]
-    return [c for c in _CALL.findall(body) if not c.startswith("vm.builtin")]
+_GRAPH = re.compile(r"vm\.builtin\.cuda_graph\.run_or_capture\s+in:\s*%vm,\s*f\[(\w+)\]")
+
+
+def _function_body(vm_text: str, name: str) -> str:
+    start = vm_text.find(f"@{name}:")
+    if start < 0:
+        return ""
+    nxt = vm_text.find("\n@", start + 1)
+    return vm_text[start:] if nxt < 0 else vm_text[start:nxt]
+
+
+def forward_calls(vm_text: str, captured: list | None = None) -> list[str]:
+    """Names of the functions one forward calls, in order, ``vm.builtin.*`` left out; the calls of a
+    CUDA-graph capture function (``relax.backend.use_cuda_graph``) are expanded in place and, when
+    ``captured`` is a list, also appended to it (one list of names per replayed graph)."""
+    out = []
+    for line in _function_body(vm_text, "main").splitlines():
+        graph = _GRAPH.search(line)
+        if graph:
+            calls = [
+                c
+                for c in _CALL.findall(_function_body(vm_text, graph.group(1)))
+                if not c.startswith("vm.builtin")
+            ]
+            out += calls
+            if captured is not None:
+                captured.append(calls)
+            continue
+        call = _CALL.match(line)
+        if call and not call.group(1).startswith("vm.builtin"):
+            out.append(call.group(1))
+    return out
 
 
 def div64_per_kernel(ptx: str) -> dict[str, int]:
@@ -91,6 +116,8 @@ class Proxies:
     kernels: int
     div64: dict[str, int] = field(default_factory=dict)
     untraced: list[str] = field(default_factory=list)
+    #: host-side launch calls: kernels outside CUDA graphs plus one per graph replay
+    launch_calls: int = 0
     #: (function, on int8 tensor cores, writes int32) per GEMM call
     gemm_calls: list[tuple[str, bool, bool]] = field(default_factory=list)
 
@@ -101,6 +128,7 @@ class Proxies:
     def row(self) -> dict:
         return {
             "launches": self.launches,
+            "launch_calls": self.launch_calls,
             "gemms": self.gemms,
             "int8_tc_gemms": self.int8_tc_gemms,
             "int32_gemm_outputs": self.int32_gemm_outputs,
@@ -119,8 +147,8 @@ def measure(vm_text: str, source: str, ptx: str | None = None) -> Proxies:
     """Proxies of a build from its VM bytecode, CUDA source and (optionally) PTX."""
     by_name = kernels(source)
     launches = 0
-    untraced, gemm_calls = [], []
-    for call in forward_calls(vm_text):
+    untraced, gemm_calls, graphs = [], [], []
+    for call in forward_calls(vm_text, graphs):
         ks = _kernels_of(call, by_name)
         if not ks:
             untraced.append(call)  # a host function or a library call: no kernel of ours
@@ -130,7 +158,11 @@ def measure(vm_text: str, source: str, ptx: str | None = None) -> Proxies:
             gemm_calls.append((call, tc, any("int" in k.stored_types() for k in ks)))
     tc, i32 = sum(g[1] for g in gemm_calls), sum(g[2] for g in gemm_calls)
     div64 = div64_per_kernel(ptx) if ptx else {}
-    return Proxies(launches, len(gemm_calls), tc, i32, len(by_name), div64, untraced, gemm_calls)
+    in_graphs = sum(len(_kernels_of(c, by_name)) for calls in graphs for c in calls)
+    launch_calls = launches - in_graphs + len(graphs)
+    return Proxies(
+        launches, len(gemm_calls), tc, i32, len(by_name), div64, untraced, launch_calls, gemm_calls
+    )
 
 
 __all__ = ["Kernel", "Proxies", "div64_per_kernel", "forward_calls", "kernels", "measure"]

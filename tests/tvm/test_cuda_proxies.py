@@ -70,7 +70,31 @@ def test_parsers_on_handwritten_code():
     assert div64_per_kernel(PTX) == {"a_kernel": 2, "c_kernel": 1}
     p = measure(VM_TEXT, SOURCE, PTX)
     assert (p.launches, p.gemms, p.int8_tc_gemms, p.int32_gemm_outputs, p.kernels) == (7, 3, 2, 2, 5)
-    assert p.div64_total == 3 and p.untraced == []
+    assert p.div64_total == 3 and p.untraced == [] and p.launch_calls == p.launches
+
+
+GRAPH_VM_TEXT = """@main:
+  call  fused_matmul_add in: %0, c[1], %2 dst: %void
+  call  vm.builtin.cuda_graph.run_or_capture in: %vm, f[main_cuda_graph_capture], %15, i1 dst: %16
+  call  softmax          in: %5, %6       dst: %void
+@main_cuda_graph_capture:
+  call  vm.builtin.match_shape in: %0, %void, i3 dst: %void
+  call  fused_matmul1_rq in: %2, c[1], %3 dst: %void
+  call  softmax          in: %3, %4       dst: %void
+"""
+
+
+def test_cuda_graph_replays_count_as_one_launch_call():
+    captured = []
+    assert forward_calls(GRAPH_VM_TEXT, captured) == [
+        "fused_matmul_add",
+        "fused_matmul1_rq",
+        "softmax",
+        "softmax",
+    ]
+    assert captured == [["fused_matmul1_rq", "softmax"]]
+    p = measure(GRAPH_VM_TEXT, SOURCE)
+    assert (p.launches, p.launch_calls, p.gemms) == (6, 4, 2)  # 1 + (1 + 2) in the graph + 2; 1 + 1 + 2
 
 
 tvm = pytest.importorskip("tvm")
@@ -90,10 +114,12 @@ def build_proxies(model, arch: str = "sm_90", **kwargs):
 @needs_nvcc
 def test_chain_block_proxies():
     """Both GEMMs of the chained block on int8 tensor cores; the first one's bias add + Requantize run in
-    its kernel (int8 out), the second feeds Shiftmax and ILayerNorm, which need its int32 rows."""
-    p = build_proxies(chain_model(np.random.default_rng(0), tokens=32, dim=64, hidden=128))
+    its kernel (int8 out), the second feeds Shiftmax and ILayerNorm, which need its int32 rows. Built with
+    CUDA graphs, which capture part of the forward."""
+    p = build_proxies(chain_model(np.random.default_rng(0), tokens=32, dim=64, hidden=128), cuda_graph=True)
     assert (p.gemms, p.int8_tc_gemms, p.int32_gemm_outputs) == (2, 2, 1)
     assert p.untraced == [] and p.launches >= p.kernels > 0
+    assert p.launch_calls < p.launches  # with cuda_graph, captured kernels replay as one graph launch
 
 
 @pytest.fixture(scope="module")
