@@ -80,7 +80,7 @@ def test_digits_without_scikit_learn_names_the_extra(monkeypatch, tmp_path):
     from ivit_onnx.inputs import InputError, InputSpec, digits_dataset
 
     for name in [m for m in sys.modules if m == "sklearn" or m.startswith("sklearn.")] + ["sklearn"]:
-        monkeypatch.setitem(sys.modules, name, None)  # importing sklearn (or a submodule) now raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)  # importing sklearn or a submodule raises ImportError
     monkeypatch.delitem(sys.modules, "ivit_onnx.models.digits", raising=False)
     with pytest.raises(InputError, match=re.escape("pip install 'ivit-onnx[models]'")):
         digits_dataset([InputSpec("input", np.dtype(np.float32), (None, 1, 8, 8))])
