@@ -1,17 +1,18 @@
 """Validation throughput of the integer model (custom-op library, function bodies) vs stock onnxruntime FP32.
 
-    python benchmarks/bench_validate.py [--model deit_tiny] [--out DIR] [--batch 8] [--threads 2]
-                                        [--iters 10] [--profile]
+    python benchmarks/bench_validate.py [--model deit_tiny,deit_small] [--out DIR] [--batch 8] [--threads 2]
+                                        [--iters 10] [--steps] [--bodies-once] [--profile]
 
-DeiT-Tiny (``--model`` for Small/Base) at 224², random weights: FP32, fake-quant and integer models are
-built once and cached in ``--out`` (default: ``$TMPDIR/ivit_bench_validate``). Every backend runs the
-same random batch through :mod:`ivit_onnx.runners` (the code ``python -m ivit_onnx.validate`` uses),
+DeiT-Tiny and DeiT-Small (``--model``; Base too) at 224², random weights: FP32, fake-quant and integer
+models are built once and cached in ``--out`` (default: ``$TMPDIR/ivit_bench_validate``). Every backend
+runs the same random batch through :mod:`ivit_onnx.runners` (the code ``python -m ivit_onnx.validate`` uses),
 interleaved round by round so all are measured side by side; the median time per batch gives images/s
 and the ratio to FP32. ``--profile`` adds onnxruntime's per-op-type profile of each model (time share by
 op type; nodes of function bodies are attributed to the private op that called them). The library
-backend is the fast path: compiled kernels (:mod:`ivit_onnx.opset.native`) and GEMM operands re-encoded
-as uint8 (:mod:`ivit_onnx.u8_gemm`); the function bodies run the graph as converted. Both must give the
-same bits.
+backend is the fast path: the native custom-op library (``opset/native``), GEMM operands re-encoded as
+uint8 (:mod:`ivit_onnx.u8_gemm`) and GEMM bias Adds folded into Requantize (:mod:`ivit_onnx.bias_fold`);
+``--steps`` times it without each rewrite. The function bodies run the graph as converted. Both must give
+the same bits (exit status 1 if not). The first line names the CPU.
 """
 
 from __future__ import annotations
