@@ -17,6 +17,7 @@ from ivit_onnx.graph import detach, node_label
 from ivit_onnx.pipeline import Context, Pass
 
 from .rules import RULES, Lowerer, Outcome
+from .rules.linear import count_macs
 
 
 def _is_float(t: gs.Tensor) -> bool:
@@ -25,15 +26,15 @@ def _is_float(t: gs.Tensor) -> bool:
 
 
 def _macs(node: gs.Node) -> int:
-    out = node.outputs[0].shape or []
+    """MACs of a MatMul/Gemm/Conv left in float (the integer rules count theirs with the same helper)."""
     w = node.inputs[1].shape or []
-    dims = [d if isinstance(d, int) and d > 0 else 1 for d in out]
-    k = (
-        w[-2]
-        if node.op == "MatMul" and len(w) >= 2
-        else (int(np.prod(w[1:])) if node.op == "Conv" else (w[0] if w else 1))
-    )
-    return int(np.prod(dims)) * int(k if isinstance(k, int) else 1)
+    if node.op == "Conv":
+        k = int(np.prod(w[1:]))
+    elif node.op == "Gemm":
+        k = w[1 if node.attrs.get("transB", 0) else 0] if len(w) == 2 else 1
+    else:
+        k = w[-2] if len(w) >= 2 else 1
+    return count_macs(node.outputs[0].shape, k if isinstance(k, int) else 1)
 
 
 def _expand_gelu(g: gs.Graph, node: gs.Node) -> None:

@@ -20,7 +20,7 @@ _EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 _INT32_MAX = 2**31 - 1
 
 
-def _macs(shape_out, k: int) -> int:
+def count_macs(shape_out, k: int) -> int:
     dims = [d if isinstance(d, int) and d > 0 else 1 for d in (shape_out or [])]
     return int(np.prod(dims)) * int(k)
 
@@ -105,7 +105,7 @@ def matmul(lw: Lowerer, node: gs.Node) -> Outcome:
     a_in, b_in = _fit_int32(lw, a_in, b_in, k)
     k = k or 1
     out, t = _integer_matmul(lw, a_in, b_in, k, "matmul", node.outputs[0].shape)
-    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + _macs(node.outputs[0].shape, k)
+    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + count_macs(node.outputs[0].shape, k)
     lw.set(node.outputs[0], out, t)
     return Outcome.HANDLED
 
@@ -140,7 +140,7 @@ def gemm(lw: Lowerer, node: gs.Node) -> Outcome:
         if bias is None:
             return Outcome.FLOAT
         out, t = add_bias(lw, out, t, bias * float(node.attrs.get("beta", 1.0)), "gemm_bias")
-    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + _macs(
+    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + count_macs(
         node.outputs[0].shape, w.shape[0]
     )
     lw.set(node.outputs[0], out, t)
@@ -177,6 +177,6 @@ def conv(lw: Lowerer, node: gs.Node) -> Outcome:
         if bias is None:
             return Outcome.FLOAT
         out, t = add_bias(lw, out, t, bias.reshape([-1] + [1] * nd), "conv_bias")
-    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + _macs(node.outputs[0].shape, k)
+    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + count_macs(node.outputs[0].shape, k)
     lw.set(node.outputs[0], out, t)
     return Outcome.HANDLED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto
 
@@ -170,3 +171,13 @@ def test_gelu_left_as_float_island_is_valid_at_old_opsets():
     assert "Gelu" not in op_counts(out) and op_counts(out).get("Erf") == 1
     assert any("Gelu" in i for i in report.notes["float_islands"])
     np.testing.assert_allclose(run(out, {"x": X})[0], run(fq, {"x": X})[0], atol=1e-6)
+
+
+def test_float_gemm_macs_follow_transb():
+    """A float island's MACs use K from the right weight axis (a transB Gemm stores W as [N, K])."""
+    from ivit_onnx.passes.lower_integer import _macs
+
+    x, y = gs.Variable("x", np.float32, [4, 64]), gs.Variable("y", np.float32, [4, 10])
+    for trans, w in ((1, np.zeros((10, 64), np.float32)), (0, np.zeros((64, 10), np.float32))):
+        node = gs.Node("Gemm", inputs=[x, gs.Constant(f"w{trans}", w)], outputs=[y], attrs={"transB": trans})
+        assert _macs(node) == 4 * 10 * 64
