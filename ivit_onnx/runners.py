@@ -95,6 +95,7 @@ class OrtRunner(Runner):
         self.recoded_producers: list[str] = []
         self.bias_fold = bias_fold  # library: fold GEMM bias Adds into Requantize (ivit_onnx.bias_fold)
         self.bias_folds = 0  # how many it folded
+        self.patch_gemms = 0  # patch-embedding ConvIntegers run as MatMulInteger (ivit_onnx.patch_gemm)
         self._run_model = None
 
     def _session(self, extra: tuple[str, ...]):
@@ -116,8 +117,10 @@ class OrtRunner(Runner):
                 native.set_threads(self.threads)  # the fallback's kernels; the native library uses ORT's pool
                 if native.available() and self.bias_fold:
                     from ivit_onnx.bias_fold import fold_bias
+                    from ivit_onnx.patch_gemm import patch_gemm
 
                     model, self.bias_folds = fold_bias(model, keep=set(extra))
+                    model, self.patch_gemms = patch_gemm(model)
                 model = ort_library.register(opts, model)
             if extra:
                 model = with_outputs(model, list(extra))
@@ -150,6 +153,7 @@ class OrtRunner(Runner):
         gemm = (f"{len(self.recoded_producers)} int8 GEMM operand producers re-encoded as uint8 (exact)"
                 if self.u8_gemm else "int8 GEMMs as converted")
         folds = f"; {self.bias_folds} GEMM bias Adds folded into Requantize" if self.bias_folds else ""
+        folds += f"; {self.patch_gemms} patch ConvInteger as MatMulInteger" if self.patch_gemms else ""
         return f"{kernels}; {gemm}{folds}"
 
     def _run(self, feeds, extra):

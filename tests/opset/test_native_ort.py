@@ -456,3 +456,34 @@ def test_bias_fold_is_exact_and_only_where_provable():
     assert fold_bias(model, keep={"biased"})[1] == 0  # a tensor someone reads stays
     huge = np.full(48, (1 << 31) - 1000, np.int32)  # acc + bias could wrap in int32: left alone
     assert fold_bias(gemm_bias_requantize(w, huge))[1] == 0
+
+
+@pytest.mark.parametrize("zw", [None, "scalar"])  # onnxruntime has no per-channel ConvInteger
+def test_patch_conv_as_gemm_is_exact(zw):
+    from ivit_onnx.patch_gemm import patch_gemm
+
+    w = RNG.integers(-128, 128, (5, 3, 4, 4)).astype(np.int8)
+    inits = [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(np.uint8(128), "zx")]
+    inputs = ["x", "w", "zx"]
+    if zw is not None:
+        inits.append(onnx.numpy_helper.from_array(np.int8(3), "zw"))
+        inputs.append("zw")
+    node = helper.make_node("ConvInteger", inputs, ["y"], kernel_shape=[4, 4], strides=[4, 4])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, ["n", 3, 8, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    patched, n = patch_gemm(model)
+    assert n == 1 and "ConvInteger" not in {x.op_type for x in patched.graph.node}
+    feeds = {"x": RNG.integers(0, 256, (2, 3, 8, 12)).astype(np.uint8)}
+
+    def run(m):
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, feeds
+        )[0]
+
+    assert np.array_equal(run(patched), run(model))
