@@ -10,7 +10,8 @@ interleaved round by round so all are measured side by side; the median time per
 and the ratio to FP32. ``--profile`` adds onnxruntime's per-op-type profile of each model (time share by
 op type; nodes of function bodies are attributed to the private op that called them). The library
 backend is the fast path: the native custom-op library (``opset/native``), GEMM operands re-encoded as
-uint8 (:mod:`ivit_onnx.u8_gemm`) and GEMM bias Adds folded into Requantize (:mod:`ivit_onnx.bias_fold`);
+uint8 (:mod:`ivit_onnx.u8_gemm`), GEMM bias Adds folded into Requantize (:mod:`ivit_onnx.bias_fold`) and
+the patch embedding as a GEMM (:mod:`ivit_onnx.patch_gemm`);
 ``--steps`` times it without each rewrite. The function bodies run the graph as converted. Both must give
 the same bits (exit status 1 if not). The first line names the CPU.
 """
@@ -71,10 +72,11 @@ def runners(paths: dict[str, Path], threads: int, steps: bool = False, bodies: b
     out = {"fp32 (onnxruntime)": OrtRunner(fp32, "onnxruntime", threads),
            "fake-quant QDQ (onnxruntime)": OrtRunner(fq, "onnxruntime", threads),
            LIBRARY: OrtRunner(integer, "library", threads)}
-    if steps:
-        out["int: library, no bias fold"] = OrtRunner(integer, "library", threads, bias_fold=False)
-        out["int: library, int8 GEMMs, no fold"] = OrtRunner(integer, "library", threads, u8_gemm=False,
-                                                             bias_fold=False)
+    if steps:  # each row drops one more session-time rewrite
+        out["int: library, no patch GEMM"] = OrtRunner(integer, "library", threads, patch_gemm=False)
+        out["int: + no bias fold"] = OrtRunner(integer, "library", threads, bias_fold=False, patch_gemm=False)
+        out["int: + int8 GEMMs (no u8 re-encoding)"] = OrtRunner(integer, "library", threads, u8_gemm=False,
+                                                                 bias_fold=False, patch_gemm=False)
     if bodies:
         out[BODIES] = OrtRunner(integer, "functions", threads)
     for r in out.values():
@@ -128,9 +130,11 @@ def profile(model: onnx.ModelProto, backend: str, x: np.ndarray, threads: int, i
     owner_of: dict[str, str] = {}
     if backend == "library":
         from ivit_onnx.bias_fold import fold_bias
+        from ivit_onnx.patch_gemm import patch_gemm
         from ivit_onnx.u8_gemm import recode
 
-        model = register(opts, fold_bias(recode(model).model)[0])  # as OrtRunner's library backend runs it
+        model = patch_gemm(fold_bias(recode(model).model)[0])[0]
+        model = register(opts, model)  # as OrtRunner's library backend runs it
     elif backend == "functions":
         model, owner_of = named_inline(model)  # what ORT's own inlining does, with names kept
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -165,7 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--steps", action="store_true",
-                    help="also time the library without the bias fold and without the uint8 GEMM re-encoding")
+                    help="also time the library without each session-time rewrite, one more per row")
     ap.add_argument("--bodies-once", action="store_true",
                     help="run the function bodies once, for the bit-exactness check only (they are slow)")
     ap.add_argument("--profile", action="store_true", help="also print the per-op-type profile")

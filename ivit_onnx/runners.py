@@ -83,7 +83,7 @@ class OrtRunner(Runner):
     """onnxruntime on the CPU; ``backend`` is ``library``, ``functions`` or ``onnxruntime`` (plain)."""
 
     def __init__(self, model: onnx.ModelProto, backend: str = "onnxruntime", threads: int | None = None,
-                 u8_gemm: bool | None = None, bias_fold: bool = True):
+                 u8_gemm: bool | None = None, bias_fold: bool = True, patch_gemm: bool = True):
         super().__init__(model, threads)
         if backend not in ("library", "functions", "onnxruntime"):
             raise ValueError(f"unknown onnxruntime backend {backend!r}")
@@ -95,7 +95,8 @@ class OrtRunner(Runner):
         self.recoded_producers: list[str] = []
         self.bias_fold = bias_fold  # library: fold GEMM bias Adds into Requantize (ivit_onnx.bias_fold)
         self.bias_folds = 0  # how many it folded
-        self.patch_gemms = 0  # patch-embedding ConvIntegers run as MatMulInteger (ivit_onnx.patch_gemm)
+        self.patch_gemm = patch_gemm  # library: patch ConvInteger as MatMulInteger (ivit_onnx.patch_gemm)
+        self.patch_gemms = 0  # how many it rewrote
         self._run_model = None
 
     def _session(self, extra: tuple[str, ...]):
@@ -117,9 +118,11 @@ class OrtRunner(Runner):
                 native.set_threads(self.threads)  # the fallback's kernels; the native library uses ORT's pool
                 if native.available() and self.bias_fold:
                     from ivit_onnx.bias_fold import fold_bias
-                    from ivit_onnx.patch_gemm import patch_gemm
 
                     model, self.bias_folds = fold_bias(model, keep=set(extra))
+                if native.available() and self.patch_gemm:
+                    from ivit_onnx.patch_gemm import patch_gemm
+
                     model, self.patch_gemms = patch_gemm(model)
                 model = ort_library.register(opts, model)
             if extra:
