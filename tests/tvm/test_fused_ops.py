@@ -182,8 +182,11 @@ def _division_loops(source: str, kernel: str) -> list[str]:
 def _fused_names(model, batch_shape: dict) -> list[str]:
     prepared = prepare_for_tvm(model, keep_ops=KERNEL_OPS)
     mod, _ = import_relax(prepared, io_specs(prepared, batch_shape)[0])
-    return [gv.name_hint for gv, f in fuse(mod, make_target("llvm")).functions_items()
-            if isinstance(f, tvm.tirx.PrimFunc)]
+    return [
+        gv.name_hint
+        for gv, f in fuse(mod, make_target("llvm")).functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    ]
 
 
 def test_digits_model_bitexact_and_fused(tmp_path):
@@ -206,7 +209,8 @@ def test_digits_model_bitexact_and_fused(tmp_path):
 
     x = (load_digits().images[:8, None] / 16.0).astype(np.float32).reshape(shape)
     (out,) = compile_model(model, shape={name: shape}).run({name: x})
-    session = ort.InferenceSession(attach_functions(model).SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        attach_functions(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     (expected,) = session.run(None, {name: x})
     np.testing.assert_array_equal(out, expected)

@@ -63,8 +63,15 @@ def _convert(op: str, bb: relax.BlockBuilder, inputs: list, attr: dict):
         if span is None:
             return bb.emit_te(elementwise.shiftgelu, *inputs, **attrs, primfunc_name_hint=name)
         table = relax.const(elementwise.gelu_table(*span, attrs["x0"], attrs["n"], attrs["bits"]))
-        return bb.emit_te(elementwise.shiftgelu, *inputs, table, **attrs, lo=span[0], primfunc_name_hint=name,
-                          primfunc_attrs={INJECTIVE_ATTR: 1})
+        return bb.emit_te(
+            elementwise.shiftgelu,
+            *inputs,
+            table,
+            **attrs,
+            lo=span[0],
+            primfunc_name_hint=name,
+            primfunc_attrs={INJECTIVE_ATTR: 1},
+        )
     _static_last_dim(inputs[0], op)
     kernel = rows.shiftmax if op == "Shiftmax" else rows.ilayernorm
     return bb.emit_te(
@@ -110,8 +117,11 @@ def ivit_converters():
 def restore_injective(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
     """After ``AnnotateTIROpPattern``: the table kernels (:data:`INJECTIVE_ATTR`: elementwise in ``x``, the
     table a constant) are marked kElemWise, so ``FuseOps`` folds them into the producing GEMM's epilogue."""
-    updates = {gv: func.with_attr("op_pattern", ELEMWISE) for gv, func in mod.functions_items()
-               if isinstance(func, tvm.tirx.PrimFunc) and INJECTIVE_ATTR in (func.attrs or {})}
+    updates = {
+        gv: func.with_attr("op_pattern", ELEMWISE)
+        for gv, func in mod.functions_items()
+        if isinstance(func, tvm.tirx.PrimFunc) and INJECTIVE_ATTR in (func.attrs or {})
+    }
     for gv, func in updates.items():
         mod[gv] = func
     return mod
