@@ -214,3 +214,24 @@ def test_digits_model_bitexact_and_fused(tmp_path):
     )
     (expected,) = session.run(None, {name: x})
     np.testing.assert_array_equal(out, expected)
+
+
+def test_isqrt_stages_exact():
+    """The kernels' digit-by-digit square root equals ``math.isqrt`` on powers of two, ``k*k - 1``, ``k*k``,
+    ``k*k + 1`` and random values up to ``2**62 - 1``."""
+    import math
+
+    from tvm import te
+
+    from ivit_onnx.tvm_backend.kernels.arith import isqrt_stages
+
+    rng = np.random.default_rng(8)
+    ks = [1, 2, 3, 46340, 46341, 2**31 - 1, 3037000499] + [int(k) for k in rng.integers(1, 2**31, 20)]
+    vals = [1 << j for j in range(62)] + [k * k + o for k in ks for o in (-1, 0, 1) if 1 <= k * k + o < 2**62]
+    vals += [2**62 - 1] + [int(v) for v in rng.integers(1, 2**62, 200)]
+    v = te.placeholder((len(vals),), "int64", name="v")
+    lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([v, isqrt_stages(v)])}), target="llvm")
+    inp = tvm.runtime.tensor(np.array(vals, np.int64))
+    out = tvm.runtime.tensor(np.zeros(len(vals), np.int64))
+    lib["main"](inp, out)
+    np.testing.assert_array_equal(out.numpy(), [math.isqrt(x) for x in vals])
