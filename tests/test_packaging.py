@@ -48,15 +48,25 @@ def source_modules() -> list[str]:
     return sorted({_dotted(f, with_module=True) for f in _sources()})
 
 
-def test_pyproject_lists_every_source_package():
-    import pytest
+def _setup_module():
+    """setup.py as a module (not run as __main__, so it does not call setup())."""
+    import importlib.util
 
-    tomllib = pytest.importorskip("tomllib") if sys.version_info >= (3, 11) else pytest.importorskip("tomli")
-    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(cfg["packages"])
-    missing, extra = sorted(source_packages() - listed), sorted(listed - source_packages())
-    assert not missing and not extra, f"pyproject [tool.setuptools] packages: add {missing}, remove {extra}"
-    assert cfg["package-dir"] == {v: k for k, v in LAYOUT.items() if k != v}
+    spec = importlib.util.spec_from_file_location("_ivit_setup", ROOT / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_setup_derives_every_source_package():
+    """setup.py's package list, derived from the folders, is every folder holding modules (none lacks an
+    ``__init__.py``), with the layout's package-dir mapping."""
+    setup = _setup_module()
+    listed = setup.packages()
+    missing, extra = sorted(source_packages() - set(listed)), sorted(set(listed) - source_packages())
+    assert not missing and not extra, f"setup.py packages(): missing {missing} (no __init__?), extra {extra}"
+    assert len(listed) == len(set(listed))
+    assert {v: k for k, v in setup.LAYOUT.items()} == LAYOUT
 
 
 def import_all() -> int:
