@@ -93,8 +93,18 @@ def _int32_conv(e: _Emitter, node: onnx.NodeProto, attrs: dict) -> None:
     e.op("Conv", [x, w], out=node.output[0], **attrs)
 
 
-def rewrite_conv_integer(model: onnx.ModelProto) -> int:
-    """Replace every top-level ConvInteger in place; returns how many were rewritten."""
+def _scalar_weight_zero_point(node: onnx.NodeProto, inits: dict) -> bool:
+    """No weight zero point, or a constant scalar one."""
+    if len(node.input) < 4 or not node.input[3]:
+        return True
+    return node.input[3] in inits and int(np.prod(inits[node.input[3]].dims)) == 1
+
+
+def rewrite_conv_integer(model: onnx.ModelProto, patches_only: bool = False) -> int:
+    """Replace every top-level ConvInteger in place; returns how many were rewritten.
+
+    ``patches_only`` rewrites just the patch embeddings with a scalar weight zero point, whose form is
+    standard ONNX that onnxruntime runs too (:mod:`ivit_onnx.patch_gemm`), and leaves the others."""
     graph = model.graph
     if not any(n.op_type == "ConvInteger" for n in graph.node):
         return 0
@@ -110,8 +120,11 @@ def rewrite_conv_integer(model: onnx.ModelProto) -> int:
         attrs = _attrs(node)
         w = numpy_helper.to_array(inits[node.input[1]]) if node.input[1] in inits else None
         x_shape = _static_shape(infos.get(node.input[0]))
-        if _is_patch_conv(attrs, w, x_shape):
+        if _is_patch_conv(attrs, w, x_shape) and (not patches_only or _scalar_weight_zero_point(node, inits)):
             _patch_matmul(e, node, w, x_shape)
+        elif patches_only:
+            new_nodes.append(node)
+            continue
         else:
             _int32_conv(e, node, attrs)
         new_nodes += e.nodes
