@@ -3,6 +3,9 @@
 Activations are NHWC between stages as in timm; stage i > 0 starts with its patch merging
 (`layers.{i}.downsample`), the classifier is `head.fc` after average pooling. `relative_position_index`
 and `attn_mask` are non-persistent buffers, as in timm, so they are not part of the state dict.
+A map that windows do not divide is zero-padded on the bottom/right before partitioning and cropped
+after (timm >= 0.9). Shapes other than the batch are Python ints, so exports carry constant Reshape
+shapes (every tensor's row length is known to the converter).
 """
 
 from __future__ import annotations
@@ -13,17 +16,22 @@ from torch import nn
 from .layers import Mlp, QKVAttention, QuantPoint
 
 
+def _dims(x: torch.Tensor) -> list[int]:
+    """The non-batch dims as Python ints (constants in an export with a dynamic batch)."""
+    return [int(d) for d in x.shape[1:]]
+
+
 def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
     """[B, H, W, C] → [B * H/w * W/w, w, w, C] non-overlapping windows."""
-    B, H, W, C = x.shape
-    x = x.view(B, H // window, window, W // window, window, C)
+    H, W, C = _dims(x)
+    x = x.reshape(-1, H // window, window, W // window, window, C)
     return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, window, window, C)
 
 
 def window_reverse(windows: torch.Tensor, window: int, H: int, W: int) -> torch.Tensor:
     """Inverse of `window_partition`: windows back to [B, H, W, C]."""
-    C = windows.shape[-1]
-    x = windows.view(-1, H // window, W // window, window, window, C)
+    C = int(windows.shape[-1])
+    x = windows.reshape(-1, H // window, W // window, window, window, C)
     return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
 
 
@@ -35,7 +43,9 @@ def relative_position_index(window: int) -> torch.Tensor:
 
 
 def shifted_window_mask(H: int, W: int, window: int, shift: int) -> torch.Tensor:
-    """[windows, w*w, w*w] additive mask: -100 between tokens that the cyclic shift made neighbours."""
+    """[windows, w*w, w*w] additive mask: -100 between tokens that the cyclic shift made neighbours.
+
+    H and W are the padded map's (multiples of the window), as in timm."""
     img = torch.zeros(1, H, W, 1)
     regions = (slice(0, -window), slice(-window, -shift), slice(-shift, None))
     for i, (h, w) in enumerate((h, w) for h in regions for w in regions):
@@ -63,14 +73,15 @@ class WindowAttention(QKVAttention):
         return bias.view(n, n, -1).permute(2, 0, 1).unsqueeze(0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        N = x.shape[1]
+        """Scores are quantized after the bias and before the mask, so the -100s do not set their scale."""
+        N = int(x.shape[1])
         q, k, v = self.split_qkv(x)
-        attn = (q @ k.transpose(-2, -1)) * self.scale + self.relative_position_bias()
+        attn = self.q_scores((q @ k.transpose(-2, -1)) * self.scale + self.relative_position_bias())
         if mask is not None:
-            windows = mask.shape[0]
+            windows = int(mask.shape[0])
             attn = attn.view(-1, windows, self.num_heads, N, N) + self.q_mask(mask).unsqueeze(1).unsqueeze(0)
             attn = attn.view(-1, self.num_heads, N, N)
-        return self.project(self.q_prob(self.q_scores(attn).softmax(dim=-1)), v, x.shape)
+        return self.project(self.q_prob(attn.softmax(dim=-1)), v, (-1, *_dims(x)))
 
 
 class SwinTransformerBlock(nn.Module):
@@ -80,9 +91,8 @@ class SwinTransformerBlock(nn.Module):
         super().__init__()
         if resolution <= window:  # one window covers the map: no partition, no shift (as timm)
             window, shift = resolution, 0
-        if resolution % window:
-            raise ValueError(f"resolution {resolution} is not a multiple of window {window}")
-        self.window, self.shift = window, shift
+        self.window, self.shift, self.resolution = window, shift, resolution
+        self.padded = -(-resolution // window) * window  # the map zero-padded to whole windows
         self.norm1 = nn.LayerNorm(dim)
         self.q_norm1 = QuantPoint()
         self.attn = WindowAttention(dim, num_heads, window, masked=shift > 0)
@@ -91,25 +101,30 @@ class SwinTransformerBlock(nn.Module):
         self.q_norm2 = QuantPoint()
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.q_res2 = QuantPoint("residual")
-        mask = shifted_window_mask(resolution, resolution, window, shift) if shift else None
+        mask = shifted_window_mask(self.padded, self.padded, window, shift) if shift else None
         self.register_buffer("attn_mask", mask, persistent=False)
 
     def _attn(self, x: torch.Tensor) -> torch.Tensor:
-        B, H, W, C = x.shape
+        H, W, C = _dims(x)
         if self.shift:
             x = torch.roll(x, shifts=(-self.shift, -self.shift), dims=(1, 2))
-        windows = window_partition(x, self.window).view(-1, self.window * self.window, C)
+        pad = self.padded - H
+        if pad:
+            x = nn.functional.pad(x, (0, 0, 0, pad, 0, pad))
+        windows = window_partition(x, self.window).reshape(-1, self.window * self.window, C)
         windows = self.attn(windows, mask=self.attn_mask)
-        x = window_reverse(windows.view(-1, self.window, self.window, C), self.window, H, W)
+        x = window_reverse(windows.reshape(-1, self.window, self.window, C), self.window, H + pad, W + pad)
+        if pad:
+            x = x[:, :H, :W, :]
         if self.shift:
             x = torch.roll(x, shifts=(self.shift, self.shift), dims=(1, 2))
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, H, W, C = x.shape
-        x = self.q_res1(x + self._attn(self.q_norm1(self.norm1(x)))).reshape(B, -1, C)
+        H, W, C = _dims(x)
+        x = self.q_res1(x + self._attn(self.q_norm1(self.norm1(x)))).reshape(-1, H * W, C)
         x = self.q_res2(x + self.mlp(self.q_norm2(self.norm2(x))))
-        return x.reshape(B, H, W, C)
+        return x.reshape(-1, H, W, C)
 
 
 class PatchMerging(nn.Module):
@@ -123,8 +138,8 @@ class PatchMerging(nn.Module):
         self.q_reduction = QuantPoint("residual")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, H, W, C = x.shape
-        x = x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)
+        H, W, C = _dims(x)
+        x = x.reshape(-1, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).reshape(-1, H // 2, W // 2, 4 * C)
         return self.q_reduction(self.reduction(self.q_norm(self.norm(x))))
 
 

@@ -1,0 +1,202 @@
+"""Attention masks before Softmax, in integers: masked scores get a fill value Shiftmax maps to exactly 0.
+
+``masked_scores`` is the reusable piece (Swin's constant shifted-window mask here, BERT's int64 mask
+input elsewhere): scores ``x`` (symmetric, int32) become ``Where(masked, fill, x)`` with
+
+    fill = -(bound + ceil(30 * LOG2E_FIX / s) + 18)
+
+for scores of scale ``s`` and ``|x| <= bound``. Whatever upscale ``m``, grid ``x0`` and ``n <= 30`` the
+Shiftmax rule then picks, a masked entry lies at least ``n*x0 + 3`` below the row maximum (an unmasked
+entry, as long as a row keeps one), so its shift-exp hits the clamp and equals ``x0``, and
+``int_div(x0, sum, bits) = 0`` because ``sum >= x0 * 2**n`` and ``n >= bits`` (checked here). The proof
+is written out in opset/README.md ("Masked scores").
+
+``MaskedAdd`` lowers ``Softmax(reshapes(Add(scores, C)))`` with a constant ``C`` of zeros and mask values
+``<= -T``, ``T = 2 R + (bits + 1) ln 2`` (``R`` the scores' real bound): there the float model's
+probability ``e**(C + 2R)`` is below half the output step, so the fake-quant model has exactly 0 too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ivit_onnx import qparams
+from ivit_onnx.affine import Affine
+
+from ..pattern import Op, Rule
+from .lowerer import Lowerer, Outcome
+
+#: the cap of ``shift_exp.max_n``: the largest ``n`` a Shiftmax gets, which the fill's margin covers
+N_CAP = 30
+#: layout ops that keep rows (the last axis) intact between the masking Add and its Softmax
+ROW_KEEPING = ("Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten")
+_INT32_MAX = 2**31 - 1
+_EVAL = {
+    "Identity": lambda x: x,
+    "Unsqueeze": lambda x, axes: np.expand_dims(x, tuple(int(a) for a in axes.ravel())),
+    "Squeeze": lambda x, axes=None: np.squeeze(x, None if axes is None else tuple(int(a) for a in axes.ravel())),
+    "Reshape": lambda x, shape: x.reshape([int(d) if d else x.shape[i] for i, d in enumerate(shape.ravel())]),
+}
+
+
+class MaskError(ValueError):
+    """The scores cannot be masked exactly (too wide a bound, or a Shiftmax with ``n < bits``)."""
+
+
+def softmax_row(lw: Lowerer, softmax: gs.Node) -> int:
+    """The row length the Softmax rule sizes its Shiftmax for (its static last dim, else ``max_row``)."""
+    shape = softmax.inputs[0].shape
+    last = shape[-1] if shape else None
+    return int(last) if isinstance(last, int) else lw.opt.max_row
+
+
+def fill_type(a: Affine, row: int, target: Affine | None, min_x0: int) -> tuple[int, Affine, int]:
+    """``(fill, type of the masked scores, Shiftmax bits)`` for symmetric per-tensor scores ``a``."""
+    margin = math.ceil(N_CAP * qparams.LOG2E_FIX / float(a.scale)) + 18
+    fill = -(a.bound + margin)
+    if -fill > _INT32_MAX:
+        raise MaskError(f"scores bound {a.bound} at scale {float(a.scale):.3g} leaves no int32 room to mask")
+    t = Affine(a.scale, 0, np.int32, bound=-fill)
+    sp = qparams.shiftmax(t, row, target, min_x0)
+    # the proof's conditions, with the parameters the Softmax rule will derive from ``t``
+    if not sp.bits <= sp.n <= N_CAP or (-fill - a.bound) * sp.up.m < sp.n * sp.x0 + 3:
+        raise MaskError(f"Shiftmax n={sp.n}, x0={sp.x0}, bits={sp.bits} cannot give masked entries 0")
+    return fill, t, sp.bits
+
+
+def masked_scores(
+    lw: Lowerer, it: gs.Tensor, a: Affine, masked: gs.Tensor, softmax: gs.Node
+) -> tuple[gs.Tensor, Affine]:
+    """``Where(masked, fill, scores)`` in int32: the Shiftmax of ``softmax`` gives exactly 0 where
+    ``masked`` (a bool tensor broadcasting against the scores) is true, if every row keeps one false."""
+    it, a = lw.symmetric(*lw.per_tensor(it, a))
+    fill, t, _ = fill_type(a, softmax_row(lw, softmax), lw.target(softmax.outputs[0]), lw.opt.min_x0)
+    if a.dtype != t.dtype:
+        it = lw.node("Cast", [it], np.int32, "widen", attrs={"to": np.int32}, shape=it.shape)
+    out = lw.node("Where", [masked, lw.const(np.array(fill, np.int32), "fill"), it], np.int32, "mask")
+    lw.ctx.count("lower_integer", "attention mask (Where)")
+    return out, t
+
+
+def _lowered_value(lw: Lowerer, t: gs.Tensor) -> np.ndarray | None:
+    """The real value of a constant, also one the lowerer already moved through layout ops."""
+    v = lw.const_float(t)
+    if v is not None or lw.get(t) is None:
+        return v
+    it, a = lw.get(t)
+    q = _integer_const(it)
+    return None if q is None else (q.astype(np.float64) - a.zero_point) * a.scale
+
+
+def _integer_const(t: gs.Tensor) -> np.ndarray | None:
+    if isinstance(t, gs.Constant):
+        return np.asarray(t.values)
+    node = t.inputs[0] if len(t.inputs) == 1 else None
+    if node is None or node.op not in _EVAL or len(node.outputs) != 1:
+        return None
+    args = [_integer_const(x) for x in node.inputs]
+    if any(x is None for x in args):
+        return None
+    try:
+        return _EVAL[node.op](*args)
+    except (TypeError, ValueError):
+        return None
+
+
+def _softmax_after(t: gs.Tensor) -> gs.Node | None:
+    """The last-axis Softmax that ``t`` reaches through row-keeping reshapes only (rows stay rows)."""
+    last = t.shape[-1] if t.shape else None
+    while len(t.outputs) == 1:
+        node = t.outputs[0]
+        if node.op == "Softmax":
+            axis, rank = node.attrs.get("axis", -1), len(t.shape or ())
+            ok = axis == -1 or (rank and axis == rank - 1)
+            return node if ok and isinstance(last, int) and (t.shape or [None])[-1] == last else None
+        if node.op not in ROW_KEEPING:
+            return None
+        t = node.outputs[0]
+    return None
+
+
+class MaskedAdd(Rule):
+    """``Add(scores, C)`` of a constant mask ``C`` (0 or ``<= -T``) feeding a Softmax → integer Where;
+    any other Add goes to ``otherwise`` (the generic Add rule: one rule per op type in ``RULES``)."""
+
+    pattern = Op("Add")
+    label = "attention mask (Where)"
+
+    def __init__(self, otherwise: Rule | None = None):
+        self.otherwise = otherwise
+
+    @staticmethod
+    def _parts(lw: Lowerer, node: gs.Node):
+        x, y = node.inputs
+        for s, c in ((x, y), (y, x)):
+            cv = _lowered_value(lw, c) if lw.get(s) is not None else None
+            if cv is not None and np.issubdtype(cv.dtype, np.floating):
+                return s, cv
+        return None, None
+
+    def check(self, lw: Lowerer, m) -> str | None:
+        why = self._mask_check(lw, m)
+        if why is None or self.otherwise is None:
+            return why
+        return self.otherwise.check(lw, m)
+
+    def rewrite(self, lw: Lowerer, m) -> Outcome:
+        if self.otherwise is not None and self._mask_check(lw, m) is not None:
+            return self.otherwise.rewrite(lw, m)
+        return self._mask_rewrite(lw, m)
+
+    def _mask_check(self, lw: Lowerer, m) -> str | None:
+        node = m.root
+        scores, c = self._parts(lw, node)
+        if scores is None:
+            return "not integer scores plus a constant"
+        softmax = _softmax_after(node.outputs[0])
+        if softmax is None:
+            return "the sum does not reach a last-axis Softmax through reshapes"
+        it, a = lw.get(scores)
+        a = Affine(a.scale, 0, np.int32, bound=a.bound) if a.per_tensor else qparams.per_tensor(a)
+        try:
+            _, _, bits = fill_type(a, softmax_row(lw, softmax), lw.target(softmax.outputs[0]), lw.opt.min_x0)
+        except MaskError as e:
+            return str(e)
+        return _mask_reason(c, _threshold(a, bits), node.outputs[0].shape)
+
+    def _mask_rewrite(self, lw: Lowerer, m) -> Outcome:
+        node = m.root
+        scores, c = self._parts(lw, node)
+        softmax = _softmax_after(node.outputs[0])
+        it, a = lw.get(scores)
+        sym = Affine(a.scale, 0, np.int32, bound=a.bound) if a.per_tensor else qparams.per_tensor(a)
+        _, _, bits = fill_type(sym, softmax_row(lw, softmax), lw.target(softmax.outputs[0]), lw.opt.min_x0)
+        masked = lw.const(c <= -_threshold(sym, bits), "masked")
+        out, t = masked_scores(lw, it, a, masked, softmax)
+        out.shape = node.outputs[0].shape
+        lw.set(node.outputs[0], out, t)
+        return Outcome.HANDLED
+
+
+def _threshold(a: Affine, bits: int) -> float:
+    """``T = 2 R + (bits + 1) ln 2``: an entry ``C <= -T`` has float probability below half an output step."""
+    return 2 * a.bound * float(a.scale) + (bits + 1) * math.log(2)
+
+
+def _mask_reason(c: np.ndarray, threshold: float, out_shape) -> str | None:
+    """None when ``c`` is a mask: zeros and values ``<= -threshold``, some of them, and none of its rows
+    (the last axis, broadcast to the scores) masked entirely; else why not."""
+    masked = c <= -threshold
+    if not masked.any():
+        return f"no entry at or below -{threshold:.3g} (not a mask)"
+    if not np.all(masked | (c == 0)):
+        return f"constant values in (-{threshold:.3g}, 0) or above 0: neither masked nor unmasked"
+    last = out_shape[-1] if out_shape else None
+    if masked.shape[-1] == 1 and last != 1:
+        return "mask broadcast along the softmax axis would mask whole rows"
+    if np.any(masked.all(axis=-1)):
+        return "a row is masked entirely (its probabilities would not be 0)"
+    return None

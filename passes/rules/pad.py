@@ -1,0 +1,64 @@
+"""Pad (Swin's window padding) in integers: the same Pad on the integers, padding with the zero point.
+
+A constant pad value ``v`` becomes the integer ``v / s + zp``; only values that are exactly on the grid
+(0, the usual case, is the zero point) are taken, so the padded tensor means what the float one does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ivit_onnx.affine import dtype_range
+from ivit_onnx.graph import const_array
+
+from ..pattern import Op, Rule
+from .lowerer import Lowerer, Outcome
+
+
+def _pad_integer(lw: Lowerer, node) -> int | str:
+    """The integer pad value, or why the Pad cannot be lowered."""
+    got = lw.get(node.inputs[0])
+    if got is None:
+        return "input is not quantized"
+    if node.attrs.get("mode", "constant") != "constant":
+        return f"mode {node.attrs['mode']!r} (only constant padding)"
+    if len(node.inputs) < 2 or const_array(node.inputs[1]) is None:
+        return "pads not constant"
+    value = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
+    v = lw.const_float(value) if value is not None else np.zeros(())
+    if v is None or v.size != 1:
+        return "pad value not a scalar constant"
+    _, a = lw.per_tensor(*got)
+    q = float(v.reshape(())) / float(a.scale) + a.zero_point
+    lo, hi = dtype_range(a.dtype)
+    if abs(q - round(q)) > 1e-6 or not lo <= round(q) <= hi:
+        return f"pad value {float(v.reshape(()))} is not on the integer grid of {a.describe()}"
+    return int(round(q))
+
+
+class PadRule(Rule):
+    """``Pad(x, pads, v)`` (constant mode) → ``Pad(q, pads, v/s + zp)``."""
+
+    pattern = Op("Pad")
+    label = "Pad (zero point)"
+
+    def check(self, lw: Lowerer, m) -> str | None:
+        q = _pad_integer(lw, m.root)
+        return q if isinstance(q, str) else None
+
+    def rewrite(self, lw: Lowerer, m) -> Outcome:
+        node = m.root
+        q = _pad_integer(lw, node)
+        it, a = lw.per_tensor(*lw.get(node.inputs[0]))
+        extra = list(node.inputs[3:4]) if len(node.inputs) > 3 else []
+        out = lw.node(
+            "Pad",
+            [it, node.inputs[1], lw.zp(q, a.dtype, "value"), *extra],
+            a.dtype,
+            "pad",
+            attrs={"mode": "constant"},
+            shape=node.outputs[0].shape,
+        )
+        lw.set(node.outputs[0], out, a)
+        lw.ctx.count("lower_integer", self.label)
+        return Outcome.HANDLED
