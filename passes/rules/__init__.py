@@ -1,27 +1,30 @@
-"""Per-op lowering rules of ``lower_integer``: one explicit table, op_type → rule (nothing self-registers)."""
+"""Per-op lowering rules of ``lower_integer``: one explicit list, each a :class:`~..pattern.Rule` (nothing
+self-registers); ``RULES`` maps every op type a rule's pattern names to that rule."""
 
 from __future__ import annotations
 
-from . import elementwise, layout, linear, nonlinear, qdq
+from . import elementwise, layout, linear, mask, nonlinear, pad, pool, qdq
 from .lowerer import Lowerer, Outcome
 
-RULES = {
-    "QuantizeLinear": qdq.quantize,
-    "DequantizeLinear": qdq.dequantize,
-    "Clip": qdq.clip,
-    "MatMul": linear.matmul,
-    "Gemm": linear.gemm,
-    "Conv": linear.conv,
-    "Add": elementwise.add,
-    "Mul": elementwise.scale_by_const,
-    "Div": elementwise.scale_by_const,
-    "Softmax": nonlinear.softmax,
-    "Gelu": nonlinear.gelu,
-    "LayerNormalization": nonlinear.layernorm,
-    "Concat": layout.concat,
-    "Shape": layout.shape,
-    "Cast": layout.cast,
-    **{op: layout.pass_through for op in layout.PASS_THROUGH},
-}
+LOWERING = (
+    qdq.Quantize(),
+    qdq.Dequantize(),
+    qdq.Clip(),
+    linear.MatMul(),
+    linear.Gemm(),
+    linear.Conv(),
+    mask.MaskedAdd(otherwise=elementwise.Add()),  # #11: a mask before Softmax, else the generic Add
+    elementwise.ScaleByConst(),
+    nonlinear.Softmax(),
+    nonlinear.Gelu(),
+    nonlinear.LayerNorm(),
+    layout.Concat(),
+    layout.Shape(),
+    layout.Cast(),
+    layout.PassThrough(),
+    pool.ReduceMeanRule(),  # #11 (Swin)
+    pad.PadRule(),  # #11 (Swin)
+)
+RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
 
-__all__ = ["RULES", "Lowerer", "Outcome"]
+__all__ = ["LOWERING", "RULES", "Lowerer", "Outcome"]

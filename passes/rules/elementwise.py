@@ -8,6 +8,7 @@ import onnx_graphsurgeon as gs
 from ivit_onnx import qparams
 from ivit_onnx.affine import Affine, dtype_range
 
+from ..pattern import Op, Rule
 from .linear import add_bias
 from .lowerer import Lowerer, Outcome
 
@@ -43,45 +44,57 @@ def iadd(lw: Lowerer, a_in, b_in, t: Affine | None, out_tensor: gs.Tensor, hint:
     lw.set(out_tensor, out, t)
 
 
-def add(lw: Lowerer, node: gs.Node) -> Outcome:
-    x, y = node.inputs
-    gx, gy = lw.get(x), lw.get(y)
-    if gx is None and gy is None:
-        return Outcome.FLOAT
-    # bias: an int32 accumulator plus a constant
-    for got, other in ((gx, y), (gy, x)):
+def _bias(lw: Lowerer, node: gs.Node):
+    """``(accumulator, its type, constant)`` when ``node`` adds a constant to an int32 accumulator."""
+    for acc, other in (node.inputs, node.inputs[::-1]):
+        got = lw.get(acc)
         if got is not None and got[1].dtype == _ACC and got[1].zero_point == 0:
             c = lw.const_float(other)
             if c is not None:
-                out, t = add_bias(lw, *got, c, "bias")
-                lw.set(node.outputs[0], out, t)
-                return Outcome.HANDLED
-    ox, oy = lw.operand(x), lw.operand(y)
-    if ox is None or oy is None:
-        return Outcome.FLOAT
-    iadd(lw, ox, oy, lw.target(node.outputs[0]), node.outputs[0])
-    return Outcome.HANDLED
+                return (*got, c)
+    return None
 
 
-def _positive_const(lw: Lowerer, t: gs.Tensor) -> np.ndarray | None:
-    v = lw.const_float(t)
-    if v is None or not np.issubdtype(v.dtype, np.floating) or np.any(v <= 0):
-        return None
-    return v.astype(np.float64)
+class Add(Rule):
+    """A bias (int32 accumulator plus a constant) → int32 Add; any other sum of integers → IAdd."""
 
+    pattern = Op("Add")
 
-def scale_by_const(lw: Lowerer, node: gs.Node) -> Outcome:
-    """``x * k`` / ``x / k`` with positive constant ``k``: same integers, scale times ``k`` (exact)."""
-    x, y = node.inputs
-    for data, k in ((x, y), (y, x)) if node.op == "Mul" else ((x, y),):
-        got = lw.get(data)
-        kv = _positive_const(lw, k)
-        if got is None or kv is None:
-            continue
-        it, a = got
-        kv = kv if node.op == "Mul" else 1.0 / kv
-        scale = a.scale * (kv.reshape(()) if kv.size == 1 else kv)
-        lw.set(node.outputs[0], it, Affine(scale, a.zero_point, a.dtype, a.bound))
-        lw.ctx.count("lower_integer", f"{node.op} by constant folded")
+    def check(self, lw, m):
+        if all(lw.get(t) is None for t in m.root.inputs):
+            return "no input is quantized"
+        return None if _bias(lw, m.root) else lw.missing(*m.root.inputs, const_ok=True)
+
+    def rewrite(self, lw, m):
+        bias = _bias(lw, m.root)
+        if bias is not None:
+            lw.set(m.root.outputs[0], *add_bias(lw, *bias, "bias"))
+        else:
+            operands = (lw.operand(t) for t in m.root.inputs)
+            iadd(lw, *operands, lw.target(m.root.outputs[0]), m.root.outputs[0])
         return Outcome.HANDLED
-    return Outcome.FLOAT
+
+
+def _scaling(lw: Lowerer, node: gs.Node):
+    """``(integer tensor, type, k)`` when ``node`` is ``x * k`` or ``x / k``, ``k`` a positive constant."""
+    for data, k in (node.inputs, node.inputs[::-1]) if node.op == "Mul" else (node.inputs,):
+        got, kv = lw.get(data), lw.const_float(k)
+        if got is not None and kv is not None and kv.dtype.kind == "f" and np.all(kv > 0):
+            return (*got, kv.astype(np.float64) if node.op == "Mul" else 1.0 / kv.astype(np.float64))
+    return None
+
+
+class ScaleByConst(Rule):
+    """``x * k`` / ``x / k`` with positive constant ``k``: same integers, scale times ``k`` (exact)."""
+
+    pattern = Op(("Mul", "Div"))
+
+    def check(self, lw, m):
+        return None if _scaling(lw, m.root) else "not a quantized tensor scaled by a positive constant"
+
+    def rewrite(self, lw, m):
+        it, a, k = _scaling(lw, m.root)
+        scale = a.scale * (k.reshape(()) if k.size == 1 else k)
+        lw.set(m.root.outputs[0], it, Affine(scale, a.zero_point, a.dtype, a.bound))
+        lw.ctx.count("lower_integer", f"{m.root.op} by constant folded")
+        return Outcome.HANDLED

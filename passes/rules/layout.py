@@ -8,6 +8,7 @@ import onnx_graphsurgeon as gs
 from ivit_onnx import qparams
 from ivit_onnx.affine import Affine
 
+from ..pattern import Op, Rule
 from .lowerer import Lowerer, Outcome
 
 #: ops whose first input is the data and whose outputs are rearranged/selected elements of it
@@ -46,63 +47,87 @@ def _transpose(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
     return Outcome.HANDLED
 
 
-def pass_through(lw: Lowerer, node: gs.Node) -> Outcome:
-    got = lw.operand(node.inputs[0])
-    if got is None:
-        return Outcome.FLOAT
-    if node.op == "Transpose":
-        return _transpose(lw, node, *got)
-    it, a = lw.per_tensor(*got)
-    rest = list(node.inputs[1:]) if node.op not in ("Dropout",) else []
-    outs = lw.node(
-        node.op,
-        [it, *rest],
-        a.dtype,
-        node.op.lower(),
-        attrs=node.attrs,
-        n_out=len(node.outputs) if node.op != "Dropout" else 1,
-    )
-    outs = outs if isinstance(outs, list) else [outs]
-    for orig, new in zip(node.outputs, outs, strict=False):
-        new.shape = orig.shape
-        lw.set(orig, new, a)
-    return Outcome.HANDLED
+class PassThrough(Rule):
+    """The same layout op runs on the integers; the type passes through (per-channel scales of a
+    Transpose move with the data; other ops need a per-tensor type)."""
+
+    pattern = Op(PASS_THROUGH)
+
+    def check(self, lw, m):
+        return lw.missing(m.root.inputs[0], const_ok=True)
+
+    def rewrite(self, lw, m):
+        node = m.root
+        got = lw.operand(node.inputs[0])
+        if node.op == "Transpose":
+            return _transpose(lw, node, *got)
+        it, a = lw.per_tensor(*got)
+        n_out = 1 if node.op == "Dropout" else len(node.outputs)
+        rest = list(node.inputs[1:]) if node.op != "Dropout" else []
+        outs = lw.node(node.op, [it, *rest], a.dtype, node.op.lower(), attrs=node.attrs, n_out=n_out)
+        for orig, new in zip(node.outputs, outs if n_out > 1 else [outs], strict=False):
+            new.shape = orig.shape
+            lw.set(orig, new, a)
+        return Outcome.HANDLED
 
 
-def concat(lw: Lowerer, node: gs.Node) -> Outcome:
-    ops = [lw.get(t) for t in node.inputs]
-    if all(o is None for o in ops):
-        return Outcome.FLOAT
-    t = lw.target(node.outputs[0])
-    if t is None:  # the widest input type, at the finest scale that still holds every input's range
-        t = qparams.concat_type([lw.per_tensor(*o)[1] for o in ops if o is not None])
-    ints = []
-    for tensor, o in zip(node.inputs, ops, strict=True):
-        o = o if o is not None else lw.operand(tensor)
-        if o is None:
-            return Outcome.FLOAT
-        ints.append(lw.requantize(*o, t, "concat_in"))
-    out = lw.node("Concat", ints, t.dtype, "concat", attrs=node.attrs, shape=node.outputs[0].shape)
-    lw.set(node.outputs[0], out, t)
-    return Outcome.HANDLED
+class Concat(Rule):
+    """Concat requantizes every input to one type (the following QuantizeLinear's, or the widest)."""
+
+    pattern = Op("Concat")
+
+    def check(self, lw, m):
+        if all(lw.get(t) is None for t in m.root.inputs):
+            return "no input is quantized"
+        return lw.missing(*m.root.inputs, const_ok=True)
+
+    def rewrite(self, lw, m):
+        node = m.root
+        t = lw.target(node.outputs[0])
+        types = [got[1] for got in map(lw.get, node.inputs) if got is not None]  # #11: roll's Slice+Concat
+        if t is None and len(types) == len(node.inputs) and all(types[0].same_as(x) for x in types):
+            t = types[0]  # inputs of one type (torch.roll's Slice+Concat): the type passes through
+        if t is None:  # the widest input type, at the finest scale that still holds every input's range
+            t = qparams.concat_type(
+                [lw.per_tensor(*lw.get(x))[1] for x in node.inputs if lw.get(x) is not None]
+            )
+        ints = [lw.requantize(*lw.operand(x), t, "concat_in") for x in node.inputs]
+        out = lw.node("Concat", ints, t.dtype, "concat", attrs=node.attrs, shape=node.outputs[0].shape)
+        lw.set(node.outputs[0], out, t)
+        return Outcome.HANDLED
 
 
-def shape(lw: Lowerer, node: gs.Node) -> Outcome:
-    """Shape of a lowered tensor: read the integer tensor (same shape); the node stays."""
-    got = lw.get(node.inputs[0])
-    if got is not None:
-        node.inputs[0] = got[0]
-    else:  # the shape of a float graph input is the shape of its quantized copy
-        q = next((c for c in node.inputs[0].outputs if c.op == "QuantizeLinear"), None)
-        if q is not None:
-            node.inputs[0] = q.outputs[0]
-    return Outcome.KEPT
+class Shape(Rule):
+    """Shape of a lowered tensor reads the integer tensor (same shape); the node stays."""
+
+    pattern = Op("Shape")
+
+    def rewrite(self, lw, m):
+        node = m.root
+        got = lw.get(node.inputs[0])
+        if got is not None:
+            node.inputs[0] = got[0]
+        else:  # the shape of a float graph input is the shape of its quantized copy
+            q = next((c for c in node.inputs[0].outputs if c.op == "QuantizeLinear"), None)
+            if q is not None:
+                node.inputs[0] = q.outputs[0]
+        return Outcome.KEPT
 
 
-def cast(lw: Lowerer, node: gs.Node) -> Outcome:
-    """A float→float Cast of a lowered value is the identity on its integers."""
-    got = lw.get(node.inputs[0])
-    if got is None or node.outputs[0].dtype is None or node.outputs[0].dtype.kind != "f":
-        return Outcome.FLOAT if got is not None else Outcome.KEPT
-    lw.set(node.outputs[0], *got)
-    return Outcome.HANDLED
+class Cast(Rule):
+    """A float→float Cast of a lowered value is the identity on its integers; other Casts stay."""
+
+    pattern = Op("Cast")
+
+    def check(self, lw, m):
+        dt = m.root.outputs[0].dtype
+        if lw.get(m.root.inputs[0]) is not None and (dt is None or np.dtype(dt).kind != "f"):
+            return "a Cast of a quantized tensor to a non-float type"
+        return None
+
+    def rewrite(self, lw, m):
+        got = lw.get(m.root.inputs[0])
+        if got is None:
+            return Outcome.KEPT
+        lw.set(m.root.outputs[0], *got)
+        return Outcome.HANDLED

@@ -13,16 +13,12 @@ from ivit_onnx import qparams
 from ivit_onnx.affine import Affine
 from ivit_onnx.graph import const_array
 
+from ..pattern import Op, Rule
 from .lowerer import Lowerer, Outcome
 from .qdq import float_weight
 
 _EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 _INT32_MAX = 2**31 - 1
-
-
-def count_macs(shape_out, k: int) -> int:
-    dims = [d if isinstance(d, int) and d > 0 else 1 for d in (shape_out or [])]
-    return int(np.prod(dims)) * int(k)
 
 
 def _narrowed(lw: Lowerer, it, a: Affine, bits: int):
@@ -93,21 +89,26 @@ def _weight_operand(lw: Lowerer, t: gs.Tensor):
     return lw.per_tensor(it, a)
 
 
-def matmul(lw: Lowerer, node: gs.Node) -> Outcome:
-    a_in = lw.get(node.inputs[0])
-    b_in = _weight_operand(lw, node.inputs[1])
-    if a_in is None or b_in is None:
-        return float_weight(lw, node)
-    a_in = lw.per_tensor(*a_in)
-    shape_a, shape_b = a_in[0].shape, b_in[0].shape
-    dims = ((shape_b or [None, None])[-2], (shape_a or [None])[-1])
-    k = next((d for d in dims if isinstance(d, int)), None)
-    a_in, b_in = _fit_int32(lw, a_in, b_in, k)
-    k = k or 1
-    out, t = _integer_matmul(lw, a_in, b_in, k, "matmul", node.outputs[0].shape)
-    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + count_macs(node.outputs[0].shape, k)
-    lw.set(node.outputs[0], out, t)
-    return Outcome.HANDLED
+class MatMul(Rule):
+    """MatMul of two integer operands (the right one per column at most) → MatMulInteger or int32 MatMul."""
+
+    pattern = Op("MatMul")
+
+    def check(self, lw, m):
+        return float_weight(lw, m.root) or lw.missing(*m.root.inputs[:2])
+
+    def rewrite(self, lw, m):
+        node = m.root
+        a_in = lw.per_tensor(*lw.get(node.inputs[0]))
+        b_in = _weight_operand(lw, node.inputs[1])
+        shape_a, shape_b = a_in[0].shape, b_in[0].shape
+        dims = ((shape_b or [None, None])[-2], (shape_a or [None])[-1])
+        k = next((d for d in dims if isinstance(d, int)), None)
+        a_in, b_in = _fit_int32(lw, a_in, b_in, k)
+        out, t = _integer_matmul(lw, a_in, b_in, k or 1, "matmul", node.outputs[0].shape)
+        lw.count_macs(node)
+        lw.set(node.outputs[0], out, t)
+        return Outcome.HANDLED
 
 
 def add_bias(lw: Lowerer, it: gs.Tensor, a: Affine, bias: np.ndarray, hint: str):
@@ -118,65 +119,83 @@ def add_bias(lw: Lowerer, it: gs.Tensor, a: Affine, bias: np.ndarray, hint: str)
     return out, t
 
 
-def gemm(lw: Lowerer, node: gs.Node) -> Outcome:
-    if node.attrs.get("transA", 0):
-        return Outcome.FLOAT
-    a_in = lw.get(node.inputs[0])
-    b_got = lw.get(node.inputs[1])
-    if a_in is None or b_got is None or not isinstance(b_got[0], gs.Constant):
-        return float_weight(lw, node)
-    ib, b = b_got
-    w = const_array(ib)
-    scale = b.scale
-    if node.attrs.get("transB", 0):
-        w = w.T
-        scale = scale.reshape(-1) if scale.size > 1 else scale
-    b_in = (lw.const(np.ascontiguousarray(w), "weight"), Affine(scale, b.zero_point, b.dtype, b.bound))
-    a_in, b_in = _fit_int32(lw, lw.per_tensor(*a_in), b_in, w.shape[0])
-    out, t = _integer_matmul(lw, a_in, b_in, w.shape[0], "gemm", node.outputs[0].shape)
-    t = t.scaled(float(node.attrs.get("alpha", 1.0)))
-    if len(node.inputs) > 2 and node.inputs[2].name:
-        bias = lw.const_float(node.inputs[2])
-        if bias is None:
-            return Outcome.FLOAT
-        out, t = add_bias(lw, out, t, bias * float(node.attrs.get("beta", 1.0)), "gemm_bias")
-    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + count_macs(
-        node.outputs[0].shape, w.shape[0]
-    )
-    lw.set(node.outputs[0], out, t)
-    return Outcome.HANDLED
+def _weight_check(lw, node: gs.Node) -> str | None:
+    """Why a Gemm/Conv cannot be lowered: a float or non-constant weight, an input, or a float bias."""
+    why = float_weight(lw, node) or lw.missing(*node.inputs[:2])
+    if why is None and not isinstance(lw.get(node.inputs[1])[0], gs.Constant):
+        return f"weight '{node.inputs[1].name}' is not a constant"
+    if (
+        why is None
+        and len(node.inputs) > 2
+        and node.inputs[2].name
+        and lw.const_float(node.inputs[2]) is None
+    ):
+        return f"bias '{node.inputs[2].name}' is not a constant"
+    return why
 
 
-def conv(lw: Lowerer, node: gs.Node) -> Outcome:
-    x_in = lw.get(node.inputs[0])
-    w_got = lw.get(node.inputs[1])
-    if x_in is None or w_got is None or not isinstance(w_got[0], gs.Constant):
-        return float_weight(lw, node)
-    ix, x = lw.per_tensor(*x_in)
-    iw, w = w_got
-    if x.dtype not in _EIGHT_BIT or w.dtype not in _EIGHT_BIT:
-        return Outcome.FLOAT
-    wv = const_array(iw)
-    zps = []
-    if x.zero_point or w.zero_point:
-        zps = [lw.zp(x.zero_point, x.dtype, "x_zp")] + (
-            [lw.zp(w.zero_point, w.dtype, "w_zp")] if w.zero_point else []
+class Gemm(Rule):
+    """Gemm with a constant integer weight → MatMulInteger (+ int32 bias Add), alpha/beta folded."""
+
+    pattern = Op("Gemm")
+
+    def check(self, lw, m):
+        return "transA is not supported" if m.root.attrs.get("transA", 0) else _weight_check(lw, m.root)
+
+    def rewrite(self, lw, m):
+        node = m.root
+        ib, b = lw.get(node.inputs[1])
+        w, scale = const_array(ib), b.scale
+        if node.attrs.get("transB", 0):
+            w = w.T
+            scale = scale.reshape(-1) if scale.size > 1 else scale
+        b_in = (lw.const(np.ascontiguousarray(w), "weight"), Affine(scale, b.zero_point, b.dtype, b.bound))
+        a_in, b_in = _fit_int32(lw, lw.per_tensor(*lw.get(node.inputs[0])), b_in, w.shape[0])
+        out, t = _integer_matmul(lw, a_in, b_in, w.shape[0], "gemm", node.outputs[0].shape)
+        t = t.scaled(float(node.attrs.get("alpha", 1.0)))
+        if len(node.inputs) > 2 and node.inputs[2].name:
+            bias = lw.const_float(node.inputs[2]) * float(node.attrs.get("beta", 1.0))
+            out, t = add_bias(lw, out, t, bias, "gemm_bias")
+        lw.count_macs(node)
+        lw.set(node.outputs[0], out, t)
+        return Outcome.HANDLED
+
+
+class Conv(Rule):
+    """Conv of 8-bit per-tensor input and constant 8-bit weight → ConvInteger (+ int32 bias Add)."""
+
+    pattern = Op("Conv")
+
+    def check(self, lw, m):
+        why = _weight_check(lw, m.root)
+        if why is None:
+            x, w = (lw.get(t)[1] for t in m.root.inputs[:2])
+            if x.dtype not in _EIGHT_BIT or not x.per_tensor or w.dtype not in _EIGHT_BIT:
+                return (
+                    f"operands are not an 8-bit per-tensor input and an 8-bit weight ({x.dtype}, {w.dtype})"
+                )
+        return why
+
+    def rewrite(self, lw, m):
+        node = m.root
+        (ix, x), (iw, w) = lw.get(node.inputs[0]), lw.get(node.inputs[1])
+        wv = const_array(iw)
+        zps = []
+        if x.zero_point or w.zero_point:
+            zps = [lw.zp(x.zero_point, x.dtype, "x_zp")] + (
+                [lw.zp(w.zero_point, w.dtype, "w_zp")] if w.zero_point else []
+            )
+        keep = ("dilations", "group", "kernel_shape", "pads", "strides", "auto_pad")
+        attrs = {k: v for k, v in node.attrs.items() if k in keep}
+        out = lw.node(
+            "ConvInteger", [ix, iw, *zps], np.int32, "conv", attrs=attrs, shape=node.outputs[0].shape
         )
-    attrs = {
-        k: v
-        for k, v in node.attrs.items()
-        if k in ("dilations", "group", "kernel_shape", "pads", "strides", "auto_pad")
-    }
-    out = lw.node("ConvInteger", [ix, iw, *zps], np.int32, "conv", attrs=attrs, shape=node.outputs[0].shape)
-    lw.ctx.count("lower_integer", "ConvInteger")
-    k = int(np.prod(wv.shape[1:]))
-    nd = wv.ndim - 2
-    t = qparams.conv_accumulator(x, w, k, nd)
-    if len(node.inputs) > 2 and node.inputs[2].name:
-        bias = lw.const_float(node.inputs[2])
-        if bias is None:
-            return Outcome.FLOAT
-        out, t = add_bias(lw, out, t, bias.reshape([-1] + [1] * nd), "conv_bias")
-    lw.ctx.notes["integer_macs"] = lw.ctx.notes.get("integer_macs", 0) + count_macs(node.outputs[0].shape, k)
-    lw.set(node.outputs[0], out, t)
-    return Outcome.HANDLED
+        lw.ctx.count("lower_integer", "ConvInteger")
+        nd = wv.ndim - 2
+        t = qparams.conv_accumulator(x, w, int(np.prod(wv.shape[1:])), nd)
+        if len(node.inputs) > 2 and node.inputs[2].name:
+            bias = lw.const_float(node.inputs[2])
+            out, t = add_bias(lw, out, t, bias.reshape([-1] + [1] * nd), "conv_bias")
+        lw.count_macs(node)
+        lw.set(node.outputs[0], out, t)
+        return Outcome.HANDLED

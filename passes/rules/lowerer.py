@@ -22,9 +22,23 @@ from ivit_onnx.pipeline import Context
 
 
 class Outcome(enum.Enum):
+    """What a lowering rule's ``rewrite`` did (a rule that cannot lower a node declines in ``check``)."""
+
     HANDLED = "handled"  #: replaced by integer nodes; the original node is removed
     KEPT = "kept"  #: stays as is (integer already, or rewired to integer inputs)
-    FLOAT = "float"  #: no integer rule applies: a float island
+
+
+def macs(node: gs.Node) -> int:
+    """Multiply-accumulates of a MatMul/Gemm/Conv, integer or left float (K from the weight's shape)."""
+    w, a = node.inputs[1].shape or [], node.inputs[0].shape or []
+    if node.op == "Conv":
+        k = int(np.prod(w[1:]))
+    elif node.op == "Gemm":
+        k = w[1 if node.attrs.get("transB", 0) else 0] if len(w) == 2 else 1
+    else:
+        k = next((d for d in (w[-2] if len(w) >= 2 else None, a[-1] if a else None) if isinstance(d, int)), 1)
+    dims = [d if isinstance(d, int) and d > 0 else 1 for d in (node.outputs[0].shape or [])]
+    return int(np.prod(dims)) * (k if isinstance(k, int) else 1)
 
 
 def broadcast_scale(scale: np.ndarray, axis: int, rank: int) -> np.ndarray:
@@ -60,6 +74,15 @@ class Lowerer:
 
     def set(self, t: gs.Tensor, it: gs.Tensor, a: Affine) -> None:
         self.itype[t.name] = (it, a)
+
+    def missing(self, *ts: gs.Tensor, const_ok: bool = False) -> str | None:
+        """The decline reason when one of ``ts`` has no integer type (nor is a float constant, with
+        ``const_ok``), else None."""
+        for t in ts:
+            v = dequantized_const(t) if const_ok and self.get(t) is None else None
+            if self.get(t) is None and (v is None or v.dtype.kind != "f"):
+                return f"input '{t.name}' is not quantized" + (" nor a constant" if const_ok else "")
+        return None
 
     def const_float(self, t: gs.Tensor) -> np.ndarray | None:
         """The real value of a constant: a float initializer, or a lowered DequantizeLinear of one."""
@@ -114,6 +137,23 @@ class Lowerer:
             int(zp.reshape(-1)[0]) if zp is not None else 0,
             dtype,
         )
+
+    def tensor_map(self) -> dict:
+        """Every integer tensor's type and the fake-quant tensor it replaces (``--scales``, metadata)."""
+        return {
+            it.name: {
+                "dtype": a.dtype.name,
+                "zero_point": a.zero_point,
+                "scale": a.scale.tolist(),
+                "bound": a.bound,
+                "replaces": name,
+            }
+            for name, (it, a) in sorted(self.itype.items())
+            if not isinstance(it, gs.Constant)
+        }
+
+    def count_macs(self, node: gs.Node) -> None:
+        self.ctx.notes["integer_macs"] = self.ctx.notes.get("integer_macs", 0) + macs(node)
 
     # ---- emitting -----------------------------------------------------------------------------------
     def const(self, value, hint: str) -> gs.Constant:

@@ -13,6 +13,7 @@ import onnx_graphsurgeon as gs
 from ivit_onnx import qparams
 from ivit_onnx.affine import Affine, dtype_range
 
+from ..pattern import Op, Rule, last_axis
 from .lowerer import Lowerer, Outcome
 
 
@@ -20,12 +21,6 @@ def _last_dim(t: gs.Tensor) -> int | None:
     if t.shape is None or not t.shape or not isinstance(t.shape[-1], int):
         return None
     return int(t.shape[-1])
-
-
-def _is_last_axis(node: gs.Node, axis_default: int) -> bool:
-    axis = node.attrs.get("axis", axis_default)
-    rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
-    return axis == -1 or (rank is not None and axis == rank - 1)
 
 
 def _upscale(lw: Lowerer, it, a: Affine, up: qparams.Upscale):
@@ -48,88 +43,92 @@ def _upscale(lw: Lowerer, it, a: Affine, up: qparams.Upscale):
     )
 
 
-def softmax(lw: Lowerer, node: gs.Node) -> Outcome:
-    got = lw.get(node.inputs[0])
-    if got is None or not _is_last_axis(node, -1 if lw.ctx.opset >= 13 else 1):
-        return Outcome.FLOAT
-    it, a = lw.per_tensor(*got)
-    row = _last_dim(node.inputs[0]) or lw.opt.max_row
-    sp = qparams.shiftmax(a, row, lw.target(node.outputs[0]), lw.opt.min_x0)
-    it, t = _upscale(lw, it, a, sp.up), sp.t
+def _emit(lw: Lowerer, node: gs.Node, op: str, inputs: list, t: Affine, **attrs) -> Outcome:
+    """The private op writing ``node``'s output in type ``t`` (its y_zero_point last; qmin/qmax from ``t``
+    unless the op has none)."""
+    if op != "Shiftmax":
+        attrs.update(zip(("qmin", "qmax"), dtype_range(t.dtype), strict=True))
     out = lw.private(
-        "Shiftmax",
-        [it, lw.zp(t.zero_point, t.dtype, "y_zp")],
+        op,
+        [*inputs, lw.zp(t.zero_point, t.dtype, "y_zp")],
         t.dtype,
-        "shiftmax",
+        op.lower(),
         shape=node.outputs[0].shape,
-        x0=sp.x0,
-        n=sp.n,
-        bits=sp.bits,
+        **attrs,
     )
     lw.set(node.outputs[0], out, t)
     return Outcome.HANDLED
 
 
-def gelu(lw: Lowerer, node: gs.Node) -> Outcome:
-    got = lw.get(node.inputs[0])
-    if got is None:
-        return Outcome.FLOAT
-    it, a = lw.symmetric(*lw.per_tensor(*got))
-    gp = qparams.shiftgelu(a, lw.target(node.outputs[0]), lw.opt.min_x0, lw.opt.gelu_bits, lw.dyadic)
-    it, t = _upscale(lw, it, a, gp.up), gp.t
-    lo, hi = t.qrange
-    out = lw.private(
-        "ShiftGELU",
-        [
-            it,
-            lw.const(gp.multiplier, "mult"),
-            lw.const(gp.shift, "shift"),
-            lw.zp(t.zero_point, t.dtype, "y_zp"),
-        ],
-        t.dtype,
-        "shiftgelu",
-        shape=node.outputs[0].shape,
-        x0=gp.x0,
-        n=gp.n,
-        bits=gp.bits,
-        qmin=lo,
-        qmax=hi,
-    )
-    lw.set(node.outputs[0], out, t)
-    return Outcome.HANDLED
+class Softmax(Rule):
+    """Softmax over the last axis → Shiftmax, written in the following QuantizeLinear's type if exact."""
+
+    pattern = Op("Softmax")
+
+    def check(self, lw, m):
+        axis = m.root.attrs.get("axis", -1 if lw.ctx.opset >= 13 else 1)
+        return lw.missing(m.root.inputs[0]) or (
+            None if last_axis(axis, m.root.inputs[0]) else "not over the last axis"
+        )
+
+    def rewrite(self, lw, m):
+        it, a = lw.per_tensor(*lw.get(m.root.inputs[0]))
+        row = _last_dim(m.root.inputs[0]) or lw.opt.max_row
+        sp = qparams.shiftmax(a, row, lw.target(m.root.outputs[0]), lw.opt.min_x0)
+        return _emit(
+            lw, m.root, "Shiftmax", [_upscale(lw, it, a, sp.up)], sp.t, x0=sp.x0, n=sp.n, bits=sp.bits
+        )
 
 
-def layernorm(lw: Lowerer, node: gs.Node) -> Outcome:
-    got = lw.get(node.inputs[0])
-    gamma = lw.const_float(node.inputs[1]) if len(node.inputs) > 1 else None
-    beta = lw.const_float(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else None
-    c_len = _last_dim(node.inputs[0])
-    if got is None or gamma is None or c_len is None or not _is_last_axis(node, -1):
-        return Outcome.FLOAT
-    it, a = got
-    lp = qparams.layernorm(
-        a, c_len, gamma, beta, lw.target(node.outputs[0]), lw.opt.ln_fraction_bits, lw.dyadic
-    )
-    if lp.pre is not None:
-        it = lw.requantize(it, a, lp.pre, "ln_in")
-    t = lp.t
-    lo, hi = dtype_range(t.dtype)
-    out = lw.private(
-        "ILayerNorm",
-        [
-            it,
-            lw.const(lp.multiplier, "mult"),
-            lw.const(lp.shift, "shift"),
-            lw.const(lp.bias, "bias"),
-            lw.zp(t.zero_point, t.dtype, "y_zp"),
-        ],
-        t.dtype,
-        "ilayernorm",
-        shape=node.outputs[0].shape,
-        shift_in=lp.shift_in,
-        p=lp.p,
-        qmin=lo,
-        qmax=hi,
-    )
-    lw.set(node.outputs[0], out, t)
-    return Outcome.HANDLED
+class Gelu(Rule):
+    """Gelu (the fusion's marker, or opset 20's op) → ShiftGELU, requantized inside."""
+
+    pattern = Op("Gelu")
+
+    def check(self, lw, m):
+        return lw.missing(m.root.inputs[0])
+
+    def rewrite(self, lw, m):
+        it, a = lw.symmetric(*lw.per_tensor(*lw.get(m.root.inputs[0])))
+        gp = qparams.shiftgelu(a, lw.target(m.root.outputs[0]), lw.opt.min_x0, lw.opt.gelu_bits, lw.dyadic)
+        inputs = [_upscale(lw, it, a, gp.up), lw.const(gp.multiplier, "mult"), lw.const(gp.shift, "shift")]
+        return _emit(lw, m.root, "ShiftGELU", inputs, gp.t, x0=gp.x0, n=gp.n, bits=gp.bits)
+
+
+class LayerNorm(Rule):
+    """LayerNormalization over the last axis with constant gamma/beta → ILayerNorm (gamma, beta folded)."""
+
+    pattern = Op("LayerNormalization")
+
+    def check(self, lw, m):
+        node = m.root
+        if lw.missing(node.inputs[0]):
+            return lw.missing(node.inputs[0])
+        if len(node.inputs) < 2 or lw.const_float(node.inputs[1]) is None:
+            return "gamma is not a constant"
+        if len(node.inputs) > 2 and node.inputs[2].name and lw.const_float(node.inputs[2]) is None:
+            return "beta is not a constant"
+        if _last_dim(node.inputs[0]) is None:
+            return "the channel count is unknown"
+        if not last_axis(node.attrs.get("axis", -1), node.inputs[0]):
+            return "not over the last axis"
+        return None
+
+    def rewrite(self, lw, m):
+        node = m.root
+        it, a = lw.get(node.inputs[0])
+        gamma = lw.const_float(node.inputs[1])
+        beta = lw.const_float(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else None
+        lp = qparams.layernorm(
+            a,
+            _last_dim(node.inputs[0]),
+            gamma,
+            beta,
+            lw.target(node.outputs[0]),
+            lw.opt.ln_fraction_bits,
+            lw.dyadic,
+        )
+        if lp.pre is not None:
+            it = lw.requantize(it, a, lp.pre, "ln_in")
+        inputs = [it, lw.const(lp.multiplier, "mult"), lw.const(lp.shift, "shift"), lw.const(lp.bias, "bias")]
+        return _emit(lw, node, "ILayerNorm", inputs, lp.t, shift_in=lp.shift_in, p=lp.p)

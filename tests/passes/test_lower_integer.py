@@ -175,7 +175,7 @@ def test_gelu_left_as_float_island_is_valid_at_old_opsets():
 
 def test_float_gemm_macs_follow_transb():
     """A float island's MACs use K from the right weight axis (a transB Gemm stores W as [N, K])."""
-    from ivit_onnx.passes.lower_integer import _macs
+    from ivit_onnx.passes.rules.lowerer import macs as _macs
 
     x, y = gs.Variable("x", np.float32, [4, 64]), gs.Variable("y", np.float32, [4, 10])
     for trans, w in ((1, np.zeros((10, 64), np.float32)), (0, np.zeros((64, 10), np.float32))):
