@@ -5,11 +5,12 @@ Packages: every folder with an ``__init__.py`` under the four roots of the layou
 ``passes/``, ``opset/``, ``models/``), so a new subpackage cannot be left out of a normal install.
 
 Native code: one shared library, ``ivit_onnx/opset/_kernels*.so``, loaded with ctypes by
-``ivit_onnx.opset.native`` and by onnxruntime through ``SessionOptions.register_custom_ops_library`` (it
-exports ``RegisterCustomOps``; ``opset/native/ort_ops.cpp``).
+``ivit_onnx.opset.native_kernels`` and by onnxruntime through
+``SessionOptions.register_custom_ops_library`` (it exports ``RegisterCustomOps``;
+``opset/native/ort_ops.cpp``).
 
 Optional: without a C++ compiler the project still installs and the private ops run on the numpy reference
-kernels instead (``ivit_onnx.opset.native.available()`` tells which).
+kernels instead (``ivit_onnx.opset.native_kernels.available()`` tells which).
 
 Instruction set: portable by default, so a wheel built on one machine runs on any other of its
 architecture (x86-64: ``-march=x86-64-v2``, every x86-64 CPU since 2009; others: the compiler's default).

@@ -113,14 +113,14 @@ class OrtRunner(Runner):
                 opts.inter_op_num_threads = 1
             model = self._prepared()
             if self.name == "library":
-                from ivit_onnx.opset import native, ort_library
+                from ivit_onnx.opset import native_kernels, ort_library
 
-                native.set_threads(self.threads)  # the fallback's kernels; the native library uses ORT's pool
-                if native.available() and self.bias_fold:
+                native_kernels.set_threads(self.threads)  # the fallback's kernels (the library: ORT's pool)
+                if native_kernels.available() and self.bias_fold:
                     from ivit_onnx.bias_fold import fold_bias
 
                     model, self.bias_folds = fold_bias(model, keep=set(extra))
-                if native.available() and self.patch_gemm:
+                if native_kernels.available() and self.patch_gemm:
                     from ivit_onnx.patch_gemm import patch_gemm
 
                     model, self.patch_gemms = patch_gemm(model)
@@ -149,9 +149,9 @@ class OrtRunner(Runner):
     def describe(self) -> str:
         if self.name != "library":
             return ""
-        from ivit_onnx.opset import native
+        from ivit_onnx.opset import native_kernels
 
-        kernels = ("native custom-op library (compiled kernels, C ABI)" if native.available() else
+        kernels = ("native custom-op library (compiled kernels, C ABI)" if native_kernels.available() else
                    "numpy reference kernels in onnxruntime-extensions (the native library was not built)")
         gemm = (f"{len(self.recoded_producers)} int8 GEMM operand producers re-encoded as uint8 (exact)"
                 if self.u8_gemm else "int8 GEMMs as converted")

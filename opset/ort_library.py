@@ -20,7 +20,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from . import OPS, native
+from . import OPS, native_kernels
 from ._spec import DOMAIN
 
 CONTRIB = "ai.onnx.contrib"
@@ -81,7 +81,7 @@ def register_signature(op: str, input_dtypes) -> str:
     out = spec.output_dtype(list(input_dtypes))
 
     def kernel(*inputs, **attrs):
-        return native.run(op, spec.reference, *inputs, **{k: int(v) for k, v in attrs.items()})
+        return native_kernels.run(op, spec.reference, *inputs, **{k: int(v) for k, v in attrs.items()})
 
     onnx_op(op_type=name, inputs=[_pytype(d) for d in input_dtypes], outputs=[_pytype(out)],
             attrs={k: PyCustomOpDef.dt_int64 for k in spec.attributes})(kernel)
@@ -128,7 +128,7 @@ def library_model(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def native_library() -> str | None:
     """Path of the native custom-op library (the compiled kernels' shared library), if it was built."""
-    path = native.library_path()
+    path = native_kernels.library_path()
     return str(path) if path is not None else None
 
 

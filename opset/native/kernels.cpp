@@ -1,7 +1,7 @@
 // Native kernels of the private opset ai.ivit: the arithmetic of the numpy reference kernels
 // (opset/<op>.py), fused into one pass per op and compiled, so the onnxruntime custom-op library
 // runs at native speed. Plain C ABI, no onnxruntime or Python headers; loaded with ctypes by
-// opset/native.py and called by the onnxruntime custom ops of ort_ops.cpp (same shared library). Every
+// opset/native_kernels.py and called by the onnxruntime custom ops of ort_ops.cpp (same shared library). Every
 // kernel must equal its reference bit for bit (tests/opset/test_native.py, tests/opset/test_native_ort.py).
 //
 // Integer semantics mirror numpy's int64: wrap-around (-fwrapv), `>>` is floor, shifts by counts

@@ -7,7 +7,7 @@
 * ``onnx_functions``   -- the same function body in ``onnx.reference.ReferenceEvaluator``;
 * ``ort_library``      -- the custom-op library (onnxruntime-extensions hosting the compiled kernels);
 * ``native_1t``/``native_3t`` -- the compiled kernels called directly, on 1 and 3 threads (when they take
-  the call; see :mod:`ivit_onnx.opset.native`);
+  the call; see :mod:`ivit_onnx.opset.native_kernels`);
 
 and, with ``evaluator=True``, ``evaluator`` -- :func:`ivit_onnx.opset.reference.evaluator`
 (onnx.reference with the private ops bound to the reference kernels).
@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ivit_onnx.dyadic import dyadic, dyadic_array, multiplier_bits
-from ivit_onnx.opset import OpSpec, native
+from ivit_onnx.opset import OpSpec, native_kernels
 from ivit_onnx.opset._body import Body
 from ivit_onnx.opset.functions import attach_functions
 from ivit_onnx.opset.ort_library import session
@@ -88,11 +88,11 @@ def run_all_ways(spec: OpSpec, inputs, attrs: dict, opset: int = 17, feed_all: b
     if evaluator:
         results["evaluator"] = reference_evaluator(model).run(None, feeds)[0]
     for threads in (1, 3):  # the compiled kernels directly, one chunk and several
-        native.set_threads(threads)
-        got = native.KERNELS[spec.name](*inputs, **attrs)
+        native_kernels.set_threads(threads)
+        got = native_kernels.KERNELS[spec.name](*inputs, **attrs)
         if got is not None:
             results[f"native_{threads}t"] = got
-    native.set_threads(None)
+    native_kernels.set_threads(None)
     return results
 
 

@@ -13,11 +13,11 @@ import os
 import numpy as np
 import pytest
 
-from ivit_onnx.opset import OPS, native
+from ivit_onnx.opset import OPS, native_kernels
 from ivit_onnx.opset.shift_exp import max_n
 from tests.opset.oneop import INT_DTYPES, info
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels not built")
+pytestmark = pytest.mark.skipif(not native_kernels.available(), reason="native kernels not built")
 RNG = np.random.default_rng(20261122)
 
 
@@ -25,20 +25,20 @@ def both(op: str, *inputs, **attrs) -> np.ndarray:
     """Native result (must be taken natively) after checking it equals the reference, dtype and bits."""
     ref = OPS[op].reference(*inputs, **attrs)
     for threads in (1, 2, 5):
-        native.set_threads(threads)
-        got = native.KERNELS[op](*inputs, **attrs)
+        native_kernels.set_threads(threads)
+        got = native_kernels.KERNELS[op](*inputs, **attrs)
         assert got is not None, f"{op}: the native wrapper declined a supported call"
         assert got.dtype == ref.dtype and got.shape == ref.shape
         bad = np.flatnonzero(got.reshape(-1) != ref.reshape(-1))
         assert bad.size == 0, (f"{op} ({threads} threads): {bad.size} of {ref.size} differ, first at flat "
                                f"{bad[0]}: {got.reshape(-1)[bad[0]]} != {ref.reshape(-1)[bad[0]]}")
-    native.set_threads(None)
+    native_kernels.set_threads(None)
     return ref
 
 
 def test_built_with_the_project():
     """CI installs with a compiler: the kernels must be there (IVIT_NATIVE_LIB='' opts out on purpose)."""
-    assert os.environ.get("IVIT_NATIVE_LIB") != "" and native.library_path() is not None
+    assert os.environ.get("IVIT_NATIVE_LIB") != "" and native_kernels.library_path() is not None
 
 
 @pytest.mark.parametrize("x0,n", [(1, 30), (3, 30), (37, 12), (1234, 30), (5000, 20), (1 << 20, 30)])
@@ -131,10 +131,10 @@ def test_unsupported_calls_fall_back_to_the_reference():
     b = RNG.integers(1, 1 << 20, (6, 5)).astype(np.int64)
     c = np.full((6, 5), 30, np.int64)
     args = (x, np.int32(0), b, c, np.int8(0))
-    assert native.requantize(*args, qmin=-128, qmax=127) is None
-    before = native.STATS["Requantize/numpy"]
-    got = native.run("Requantize", OPS["Requantize"].reference, *args, qmin=-128, qmax=127)
-    assert native.STATS["Requantize/numpy"] == before + 1
+    assert native_kernels.requantize(*args, qmin=-128, qmax=127) is None
+    before = native_kernels.STATS["Requantize/numpy"]
+    got = native_kernels.run("Requantize", OPS["Requantize"].reference, *args, qmin=-128, qmax=127)
+    assert native_kernels.STATS["Requantize/numpy"] == before + 1
     assert np.array_equal(got, OPS["Requantize"].reference(*args, qmin=-128, qmax=127))
     bad_shift = (x, np.int32(0), np.int64(3), np.int64(63), np.int8(0))
-    assert native.requantize(*bad_shift, qmin=-128, qmax=127) is None
+    assert native_kernels.requantize(*bad_shift, qmin=-128, qmax=127) is None

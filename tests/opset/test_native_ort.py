@@ -30,13 +30,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper
 
-from ivit_onnx.opset import OPS, native
+from ivit_onnx.opset import OPS, native_kernels
 from ivit_onnx.opset.ort_library import native_library
 from ivit_onnx.opset.shift_exp import max_n
 from tests.opset.oneop import INT_DTYPES, one_node_model
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = Path(native.__file__).resolve().parent / "native"
+SOURCES = Path(native_kernels.__file__).resolve().parent / "native"
 needs_library = pytest.mark.skipif(native_library() is None, reason="native library not built")
 
 
