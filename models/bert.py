@@ -1,9 +1,11 @@
 """A small BERT-style text encoder with Hugging Face parameter names, its ONNX export and QDQ quantization.
 
 What a real encoder brings that the ViTs do not: Gather embeddings (word, position, token type), an int64
-attention mask turned into an additive float mask, post-LN blocks, erf GELU, and masked mean pooling. The
-converter has no integer rule for several of these (they stay float islands with ``--allow-float``);
-issue #11 converts it in strict mode. Deterministic: the same seed gives the same weights and files.
+attention mask turned into an additive float mask, post-LN blocks, erf GELU, and masked mean pooling.
+Quantization points (``QuantPoint``, identities in float) mark where :func:`fake_quant_bert` puts the
+fake-quant ops, as for the ViTs: the embedding tables, every Linear output, the scores *before* the mask
+is added (so the -10000 does not spoil their scale), the probabilities, the residual sums, every LayerNorm
+output and the pooled vector. Deterministic: the same seed gives the same weights and files.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from .layers import QuantPoint
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 OUTPUT_NAME = "logits"
@@ -39,7 +44,8 @@ class BertConfig:
 
 
 class BertEmbeddings(nn.Module):
-    """word + position + token type embeddings, then LayerNorm (HF ``BertEmbeddings``)."""
+    """word + position + token type embeddings, then LayerNorm (HF ``BertEmbeddings``); each table is
+    quantized as a whole (a Gather of a quantized table is a Gather of its integers)."""
 
     def __init__(self, c: BertConfig):
         super().__init__()
@@ -47,11 +53,16 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
         self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.q_word, self.q_position, self.q_token_type = QuantPoint(), QuantPoint(), QuantPoint()
+        self.q_sum = QuantPoint("residual")
+        self.q_norm = QuantPoint()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
-        return self.LayerNorm(x + self.token_type_embeddings(token_type_ids))
+        x = F.embedding(input_ids, self.q_word(self.word_embeddings.weight))
+        x = x + F.embedding(positions, self.q_position(self.position_embeddings.weight))
+        x = x + F.embedding(token_type_ids, self.q_token_type(self.token_type_embeddings.weight))
+        return self.q_norm(self.LayerNorm(self.q_sum(x)))
 
 
 class BertSelfAttention(nn.Module):
@@ -63,15 +74,21 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(c.hidden_size, c.hidden_size)
         self.key = nn.Linear(c.hidden_size, c.hidden_size)
         self.value = nn.Linear(c.hidden_size, c.hidden_size)
+        self.q_query, self.q_key, self.q_value = QuantPoint(), QuantPoint(), QuantPoint()
+        self.q_scores = QuantPoint("scores")
+        self.q_prob = QuantPoint("prob")
+        self.q_ctx = QuantPoint()
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         return x.view(b, s, self.heads, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, additive_mask: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + additive_mask
-        ctx = scores.softmax(dim=-1) @ v
+        q = self._split(self.q_query(self.query(x)))
+        k = self._split(self.q_key(self.key(x)))
+        v = self._split(self.q_value(self.value(x)))
+        scores = self.q_scores(q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)) + additive_mask
+        ctx = self.q_ctx(self.q_prob(scores.softmax(dim=-1)) @ v)
         b, _, s, _ = ctx.shape
         return ctx.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
 
@@ -83,9 +100,10 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(d_in, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.q_dense, self.q_sum, self.q_norm = QuantPoint(), QuantPoint("residual"), QuantPoint()
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(x) + residual)
+        return self.q_norm(self.LayerNorm(self.q_sum(self.q_dense(self.dense(x)) + residual)))
 
 
 class BertAttention(nn.Module):
@@ -103,9 +121,10 @@ class BertIntermediate(nn.Module):
         super().__init__()
         self.dense = nn.Linear(c.hidden_size, c.intermediate_size)
         self.intermediate_act_fn = nn.GELU()  # erf form
+        self.q_dense, self.q_act = QuantPoint(), QuantPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.intermediate_act_fn(self.dense(x))
+        return self.q_act(self.intermediate_act_fn(self.q_dense(self.dense(x))))
 
 
 class BertLayer(nn.Module):
@@ -139,7 +158,9 @@ class BertForSequenceClassification(nn.Module):
         self.config = c
         self.embeddings = BertEmbeddings(c)
         self.encoder = BertEncoder(c)
+        self.q_pooled = QuantPoint()
         self.classifier = nn.Linear(c.hidden_size, c.num_labels)
+        self.q_logits = QuantPoint()
         for m in self.modules():  # HF's init: normal(0, 0.02) weights, zero biases
             if isinstance(m, nn.Linear | nn.Embedding):
                 nn.init.normal_(m.weight, std=0.02)
@@ -155,7 +176,7 @@ class BertForSequenceClassification(nn.Module):
             additive = (1.0 - mask[:, None, None, :]) * -10000.0
         x = self.encoder(self.embeddings(input_ids, token_type_ids), additive)
         pooled = (x * mask[:, :, None]).sum(dim=1) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
-        return self.classifier(pooled)
+        return self.q_logits(self.classifier(self.q_pooled(pooled)))
 
 
 def bert_tiny(seed: int = 0, **config) -> BertForSequenceClassification:
@@ -175,19 +196,47 @@ def example_inputs(c: BertConfig, batch: int = 2, seq: int = 8, seed: int = 0) -
     }
 
 
+class _Packed(nn.Module):
+    """The encoder called with its three int64 inputs stacked into one tensor, as ``quant.quantize``
+    calibrates (it calls ``model(batch)`` with one tensor per batch)."""
+
+    def __init__(self, model: BertForSequenceClassification):
+        super().__init__()
+        self.model = model
+
+    def forward(self, packed: torch.Tensor) -> torch.Tensor:
+        return self.model(*packed.unbind(0))
+
+
+def fake_quant_bert(
+    model: BertForSequenceClassification, calib: list[dict[str, np.ndarray]], **options
+) -> BertForSequenceClassification:
+    """The fake-quant copy of ``model`` (``models.quant.quantize`` with its ``options``: act_dtype,
+    residual_bits, softmax_scale), activation ranges calibrated on the feeds in ``calib``."""
+    from .quant import quantize
+
+    batches = [torch.from_numpy(np.stack([f[k] for k in INPUT_NAMES])) for f in calib]
+    return quantize(_Packed(model), batches, **options).model
+
+
 def export_bert(
     model: BertForSequenceClassification, path: str | Path, opset: int = 17, seq: int = 8
 ) -> None:
-    """TorchScript export with dynamic batch and sequence axes, IR version 10."""
+    """TorchScript export (float or fake-quant) with dynamic batch and sequence axes, IR version 10;
+    int16 Q/DQ (``residual_bits=16``) is moved to opset 21 as ``models.export`` does for the ViTs."""
     import onnx
 
+    from .export import INT16_MIN_OPSET, _convert_opset, _has_int16_qdq
+    from .quant import register_torchscript_symbolics
+
+    register_torchscript_symbolics()
     feeds = example_inputs(model.config, 2, seq)
     args = tuple(torch.from_numpy(feeds[k]) for k in INPUT_NAMES)
     axes = {k: {0: "batch", 1: "sequence"} for k in INPUT_NAMES}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            model,
+            model.eval(),
             args,
             str(path),
             dynamo=False,
@@ -197,6 +246,8 @@ def export_bert(
             dynamic_axes={**axes, OUTPUT_NAME: {0: "batch"}},
         )
     m = onnx.load(str(path))
+    if opset < INT16_MIN_OPSET and _has_int16_qdq(m):
+        m = _convert_opset(m, INT16_MIN_OPSET)
     m.ir_version = min(m.ir_version, IR_VERSION)
     onnx.save(m, str(path))
 

@@ -1,6 +1,8 @@
 """The BERT-style encoder (models/bert.py): deterministic, exportable, quantized by onnxruntime's
-``quantize_static`` (QDQ, int8 symmetric, per-channel), and converted with ``--allow-float`` without a crash:
-what has no integer rule (mask arithmetic, Where, pooling) stays float and is named in the report."""
+``quantize_static`` (QDQ, int8 symmetric, per-channel), and converted with ``--allow-float`` without a crash.
+onnxruntime quantizes the mask arithmetic itself (the additive -10000 or finfo.min gets an int8 scale, and so
+do the masked scores before Softmax), so those nodes stay float and are named in the report; the project's
+own fake-quant export converts in strict mode (test_bert_strict.py)."""
 
 from __future__ import annotations
 
@@ -62,12 +64,11 @@ def test_quantized_with_qdq_per_channel(berts):
     assert per_channel
 
 
-@pytest.mark.parametrize("form, expected", [("arith", {"ReduceSum", "Sub"}), ("where", {"Where", "Softmax"})])
+@pytest.mark.parametrize("form, expected", [("arith", {"Mul"}), ("where", {"Softmax"})])
 def test_allow_float_keeps_islands_and_matches(berts, form, expected):
     fq = berts[form]
-    if form == "arith":
-        with pytest.raises(ConversionError, match="no integer rule"):
-            rewrite(fq)
+    with pytest.raises(ConversionError, match="float islands|x0"):
+        rewrite(fq)
     model, report = rewrite(fq, allow_float=True)
     islands = report.to_dict()["float_islands"]
     assert expected <= {s.split()[0] for s in islands}, islands

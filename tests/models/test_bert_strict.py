@@ -1,0 +1,143 @@
+"""The BERT-style encoder in strict mode: trained on the synthetic topic task (models/text_task.py),
+fake-quant exported (models/bert.py), converted with no float island and no float tensor; integer vs
+fake-quant agreement and accuracy on 1000 held-out sentences; bit-exact across the numpy reference, the
+function bodies and the native library; masked keys get exactly zero probability; padding contents do
+not matter."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ivit_onnx import rewrite  # noqa: E402
+from ivit_onnx.certify import float_offenders  # noqa: E402
+from ivit_onnx.models.bert import export_bert, fake_quant_bert  # noqa: E402
+from ivit_onnx.models.text_task import make_split, train_text_bert  # noqa: E402
+from ivit_onnx.runners import make_runner  # noqa: E402
+from tests.graphs import op_counts  # noqa: E402
+
+SEQ = 16
+LAYERS = 2
+AGREEMENT_BAR = 0.99  # top-1 agreement, integer vs fake-quant
+ACCURACY_GAP_BAR = 1.0  # points of accuracy, integer vs fake-quant
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(fake-quant path, fp32 path, integer model) of the tiny BERT trained for 3 epochs (~5-10 s)."""
+    d = tmp_path_factory.mktemp("bert_task")
+    model = train_text_bert(epochs=3, n_train=1024)
+    fq = fake_quant_bert(model, [make_split(64, 100 + i).feeds for i in range(4)])
+    export_bert(model, d / "fp32.onnx", seq=SEQ)
+    export_bert(fq, d / "fq.onnx", seq=SEQ)
+    int_model, report = rewrite(d / "fq.onnx")
+    return d / "fq.onnx", d / "fp32.onnx", int_model, report
+
+
+@pytest.fixture(scope="module")
+def test_split():
+    return make_split(1000, 7)
+
+
+def _logits(model, feeds, backend="library"):
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model))
+        backend = "onnxruntime"
+    runner = make_runner(backend, model)
+    return runner.run(feeds)[runner.output_names[0]]
+
+
+def test_strict_no_float_tensor_and_op_counts(trained):
+    _, _, model, report = trained
+    assert float_offenders(model) == []
+    assert report.notes["float_islands"] == [] and report.notes["integer_mac_percent"] == 100.0
+    counts = op_counts(model)
+    assert counts["ai.ivit:Shiftmax"] == LAYERS and counts["ai.ivit:ShiftGELU"] == LAYERS
+    assert counts["ai.ivit:ILayerNorm"] == 2 * LAYERS + 1
+    assert counts["ai.ivit:IAdd"] == 2 + 2 * LAYERS  # word+position, +token type, two residuals per layer
+    assert counts["MatMulInteger"] == 8 * LAYERS + 1
+    assert counts["Gather"] >= 3  # the three embedding tables, as integers
+    for float_op in ("MatMul", "Gemm", "Softmax", "LayerNormalization", "Erf"):
+        assert float_op not in counts
+    lowered = report.counts["lower_integer"]
+    assert lowered["attention mask from the input (Where)"] == LAYERS
+    assert lowered["masked mean (integer division)"] == 1
+    tables = [
+        n
+        for n in model.graph.node
+        if n.op_type == "Gather" and n.input[0] in {i.name for i in model.graph.initializer}
+    ]
+    inits = {i.name: i for i in model.graph.initializer}
+    assert len(tables) == 3 and all(inits[n.input[0]].data_type == onnx.TensorProto.INT8 for n in tables)
+
+
+def test_accuracy_and_agreement_vs_fake_quant(trained, test_split):
+    fq_path, fp32_path, model, _ = trained
+    fq, got = _logits(fq_path, test_split.feeds), _logits(model, test_split.feeds)
+    fp32 = _logits(fp32_path, test_split.feeds)
+    y = test_split.labels
+    acc = {k: 100 * float(np.mean(v.argmax(1) == y)) for k, v in (("fp32", fp32), ("fq", fq), ("int", got))}
+    agree = float(np.mean(fq.argmax(1) == got.argmax(1)))
+    print(
+        f"BERT text task: {len(y)} sentences, accuracy fp32 {acc['fp32']:.2f}% fake-quant {acc['fq']:.2f}% "
+        f"int {acc['int']:.2f}%, agreement int vs fake-quant {100 * agree:.2f}%"
+    )
+    assert acc["fq"] >= 90.0, acc  # it learned the task
+    assert agree >= AGREEMENT_BAR and abs(acc["int"] - acc["fq"]) <= ACCURACY_GAP_BAR, (acc, agree)
+
+
+def test_bitexact_reference_bodies_library(trained, test_split):
+    _, _, model, _ = trained
+    feeds = {k: v[:64] for k, v in test_split.feeds.items()}
+    outs = {b: _logits(model, feeds, b) for b in ("reference", "functions", "library")}
+    for b in ("functions", "library"):
+        np.testing.assert_array_equal(outs[b], outs["reference"], err_msg=b)
+
+
+def _shiftmax_outputs(model):
+    return [n.output[0] for n in model.graph.node if n.op_type == "Shiftmax"]
+
+
+def test_masked_keys_get_exactly_zero_probability(trained, test_split):
+    _, _, model, _ = trained
+    feeds = {k: v[:64] for k, v in test_split.feeds.items()}
+    names = _shiftmax_outputs(model)
+    got = make_runner("library", model).run_with(feeds, names)
+    zps = {n.output[0]: n.input[1] for n in model.graph.node if n.op_type == "Shiftmax"}
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    masked = feeds["attention_mask"] == 0  # [B, S]: keys
+    assert masked.any() and (~masked).any()
+    for name in names:
+        y = got[name].astype(np.int64) - int(inits[zps[name]].reshape(-1)[0])
+        assert y.shape == (64, 2, SEQ, SEQ)
+        assert np.all(y.transpose(0, 3, 1, 2)[masked] == 0), name  # every query row, every head
+        kept = y.transpose(0, 3, 1, 2)[~masked]
+        assert kept.max() > 0
+
+
+def test_padding_contents_do_not_change_the_result(trained, test_split):
+    """Other pad token ids and token types under the mask give bit-identical logits; less padding (a shorter
+    sequence) changes each unmasked probability by at most the masked keys' share of the Shiftmax sum
+    (2**-n each, see passes/rules/mask.py), so the top-1 class stays."""
+    _, _, model, _ = trained
+    feeds = {k: v[:64].copy() for k, v in test_split.feeds.items()}
+    base = _logits(model, feeds)
+    pad = feeds["attention_mask"] == 0
+    other = {k: v.copy() for k, v in feeds.items()}
+    rng = np.random.default_rng(3)
+    other["input_ids"][pad] = rng.integers(1, 64, int(pad.sum()))
+    other["token_type_ids"][pad] = 1 - other["token_type_ids"][pad]
+    np.testing.assert_array_equal(_logits(model, other), base)
+    short = feeds["attention_mask"].sum(1) <= SEQ // 2  # sentences that fit half the sequence
+    cut = {k: v[short, : SEQ // 2] for k, v in feeds.items()}
+    assert short.sum() >= 8
+    shorter = _logits(model, cut)
+    assert np.array_equal(shorter.argmax(1), base[short].argmax(1))
+    print(
+        f"BERT padding: {int(short.sum())} sentences, {SEQ // 2} fewer pads: "
+        f"{int(np.sum(shorter != base[short]))} of {shorter.size} logits differ, "
+        f"max {np.abs(shorter - base[short]).max():.4f}"
+    )
