@@ -69,7 +69,8 @@ class WindowAttention(QKVAttention):
     def relative_position_bias(self) -> torch.Tensor:
         """[1, heads, N, N] bias gathered from the table."""
         n = self.relative_position_index.shape[0]
-        bias = self.q_bias(self.relative_position_bias_table)[self.relative_position_index.view(-1)]
+        table = self.q_bias(self.relative_position_bias_table)
+        bias = table.index_select(0, self.relative_position_index.view(-1))  # a Gather in both exporters
         return bias.view(n, n, -1).permute(2, 0, 1).unsqueeze(0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -139,7 +140,11 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         H, W, C = _dims(x)
-        x = x.reshape(-1, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).reshape(-1, H // 2, W // 2, 4 * C)
+        x = (
+            x.reshape(-1, H // 2, 2, W // 2, 2, C)
+            .permute(0, 1, 3, 4, 2, 5)
+            .reshape(-1, H // 2, W // 2, 4 * C)
+        )
         return self.q_reduction(self.reduction(self.q_norm(self.norm(x))))
 
 

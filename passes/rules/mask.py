@@ -37,7 +37,9 @@ _INT32_MAX = 2**31 - 1
 _EVAL = {
     "Identity": lambda x: x,
     "Unsqueeze": lambda x, axes: np.expand_dims(x, tuple(int(a) for a in axes.ravel())),
-    "Squeeze": lambda x, axes=None: np.squeeze(x, None if axes is None else tuple(int(a) for a in axes.ravel())),
+    "Squeeze": lambda x, axes=None: np.squeeze(
+        x, None if axes is None else tuple(int(a) for a in axes.ravel())
+    ),
     "Reshape": lambda x, shape: x.reshape([int(d) if d else x.shape[i] for i, d in enumerate(shape.ravel())]),
 }
 
@@ -106,15 +108,16 @@ def _integer_const(t: gs.Tensor) -> np.ndarray | None:
         return None
 
 
-def _softmax_after(t: gs.Tensor) -> gs.Node | None:
+def softmax_after(t: gs.Tensor) -> gs.Node | None:
     """The last-axis Softmax that ``t`` reaches through row-keeping reshapes only (rows stay rows)."""
-    last = t.shape[-1] if t.shape else None
+    last, start = (t.shape[-1] if t.shape else None), t
     while len(t.outputs) == 1:
         node = t.outputs[0]
         if node.op == "Softmax":
             axis, rank = node.attrs.get("axis", -1), len(t.shape or ())
             ok = axis == -1 or (rank and axis == rank - 1)
-            return node if ok and isinstance(last, int) and (t.shape or [None])[-1] == last else None
+            same_rows = t is start or isinstance(last, int) and (t.shape or [None])[-1] == last  # #11-BERT
+            return node if ok and same_rows else None
         if node.op not in ROW_KEEPING:
             return None
         t = node.outputs[0]
@@ -156,7 +159,7 @@ class MaskedAdd(Rule):
         scores, c = self._parts(lw, node)
         if scores is None:
             return "not integer scores plus a constant"
-        softmax = _softmax_after(node.outputs[0])
+        softmax = softmax_after(node.outputs[0])
         if softmax is None:
             return "the sum does not reach a last-axis Softmax through reshapes"
         it, a = lw.get(scores)
@@ -165,35 +168,35 @@ class MaskedAdd(Rule):
             _, _, bits = fill_type(a, softmax_row(lw, softmax), lw.target(softmax.outputs[0]), lw.opt.min_x0)
         except MaskError as e:
             return str(e)
-        return _mask_reason(c, _threshold(a, bits), node.outputs[0].shape)
+        return _mask_reason(c, threshold(a, bits), node.outputs[0].shape)
 
     def _mask_rewrite(self, lw: Lowerer, m) -> Outcome:
         node = m.root
         scores, c = self._parts(lw, node)
-        softmax = _softmax_after(node.outputs[0])
+        softmax = softmax_after(node.outputs[0])
         it, a = lw.get(scores)
         sym = Affine(a.scale, 0, np.int32, bound=a.bound) if a.per_tensor else qparams.per_tensor(a)
         _, _, bits = fill_type(sym, softmax_row(lw, softmax), lw.target(softmax.outputs[0]), lw.opt.min_x0)
-        masked = lw.const(c <= -_threshold(sym, bits), "masked")
+        masked = lw.const(c <= -threshold(sym, bits), "masked")
         out, t = masked_scores(lw, it, a, masked, softmax)
         out.shape = node.outputs[0].shape
         lw.set(node.outputs[0], out, t)
         return Outcome.HANDLED
 
 
-def _threshold(a: Affine, bits: int) -> float:
+def threshold(a: Affine, bits: int) -> float:
     """``T = 2 R + (bits + 1) ln 2``: an entry ``C <= -T`` has float probability below half an output step."""
     return 2 * a.bound * float(a.scale) + (bits + 1) * math.log(2)
 
 
-def _mask_reason(c: np.ndarray, threshold: float, out_shape) -> str | None:
+def _mask_reason(c: np.ndarray, limit: float, out_shape) -> str | None:
     """None when ``c`` is a mask: zeros and values ``<= -threshold``, some of them, and none of its rows
     (the last axis, broadcast to the scores) masked entirely; else why not."""
-    masked = c <= -threshold
+    masked = c <= -limit
     if not masked.any():
-        return f"no entry at or below -{threshold:.3g} (not a mask)"
+        return f"no entry at or below -{limit:.3g} (not a mask)"
     if not np.all(masked | (c == 0)):
-        return f"constant values in (-{threshold:.3g}, 0) or above 0: neither masked nor unmasked"
+        return f"constant values in (-{limit:.3g}, 0) or above 0: neither masked nor unmasked"
     last = out_shape[-1] if out_shape else None
     if masked.shape[-1] == 1 and last != 1:
         return "mask broadcast along the softmax axis would mask whole rows"

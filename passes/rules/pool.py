@@ -53,7 +53,9 @@ class ReduceMeanRule(Rule):
         axes = reduce_axes(node)
         keep = int(node.attrs.get("keepdims", 1))
         inputs = [it, lw.const(np.array(axes, np.int64), "axes")] if axes else [it]
-        out = lw.node("ReduceSum", inputs, np.int32, "sum", attrs={"keepdims": keep}, shape=node.outputs[0].shape)
+        out = lw.node(
+            "ReduceSum", inputs, np.int32, "sum", attrs={"keepdims": keep}, shape=node.outputs[0].shape
+        )
         lw.set(node.outputs[0], out, Affine(a.scale / n, 0, np.int32, bound=n * a.bound))
         lw.ctx.count("lower_integer", self.label)
         return Outcome.HANDLED
