@@ -20,6 +20,7 @@ PASS_THROUGH = (
     "Unsqueeze",
     "Slice",
     "Gather",
+    "GatherND",  # #11: timm's relative-position index under the dynamo exporter
     "Split",
     "Expand",
     "Tile",
