@@ -27,6 +27,7 @@ from ivit_onnx import qparams
 from ivit_onnx.affine import Affine
 
 from ..pattern import Op, Rule
+from .consts import constant_value
 from .lowerer import Lowerer, Outcome
 
 #: the cap of ``shift_exp.max_n``: the largest ``n`` a Shiftmax gets, which the fill's margin covers
@@ -34,14 +35,6 @@ N_CAP = 30
 #: layout ops that keep rows (the last axis) intact between the masking Add and its Softmax
 ROW_KEEPING = ("Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten")
 _INT32_MAX = 2**31 - 1
-_EVAL = {
-    "Identity": lambda x: x,
-    "Unsqueeze": lambda x, axes: np.expand_dims(x, tuple(int(a) for a in axes.ravel())),
-    "Squeeze": lambda x, axes=None: np.squeeze(
-        x, None if axes is None else tuple(int(a) for a in axes.ravel())
-    ),
-    "Reshape": lambda x, shape: x.reshape([int(d) if d else x.shape[i] for i, d in enumerate(shape.ravel())]),
-}
 
 
 class MaskError(ValueError):
@@ -89,23 +82,8 @@ def _lowered_value(lw: Lowerer, t: gs.Tensor) -> np.ndarray | None:
     if v is not None or lw.get(t) is None:
         return v
     it, a = lw.get(t)
-    q = _integer_const(it)
+    q = constant_value(it, lw.ctx.opset)
     return None if q is None else (q.astype(np.float64) - a.zero_point) * a.scale
-
-
-def _integer_const(t: gs.Tensor) -> np.ndarray | None:
-    if isinstance(t, gs.Constant):
-        return np.asarray(t.values)
-    node = t.inputs[0] if len(t.inputs) == 1 else None
-    if node is None or node.op not in _EVAL or len(node.outputs) != 1:
-        return None
-    args = [_integer_const(x) for x in node.inputs]
-    if any(x is None for x in args):
-        return None
-    try:
-        return _EVAL[node.op](*args)
-    except (TypeError, ValueError):
-        return None
 
 
 def softmax_after(t: gs.Tensor) -> gs.Node | None:

@@ -2,7 +2,7 @@
 
 A constant pad value ``v`` becomes the integer ``v / s + zp``; only values that are exactly on the grid
 (0, the usual case, is the zero point) are taken, so the padded tensor means what the float one does.
-The pads (int64 already, possibly computed from constants at run time) are used as they are.
+Pads computed from constants (TorchScript's ``F.pad``) are folded to a constant (TVM needs one).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 from ivit_onnx.affine import dtype_range
 
 from ..pattern import Op, Rule
+from .consts import constant_value
 from .lowerer import Lowerer, Outcome
 
 
@@ -51,9 +52,11 @@ class PadRule(Rule):
         q = _pad_integer(lw, node)
         it, a = lw.per_tensor(*lw.get(node.inputs[0]))
         extra = list(node.inputs[3:4]) if len(node.inputs) > 3 else []
+        pads = constant_value(node.inputs[1], lw.ctx.opset)  # constant pads for TVM, whose Pad needs them
+        pads = node.inputs[1] if pads is None else lw.const(pads.astype(np.int64), "pads")
         out = lw.node(
             "Pad",
-            [it, node.inputs[1], lw.zp(q, a.dtype, "value"), *extra],
+            [it, pads, lw.zp(q, a.dtype, "value"), *extra],
             a.dtype,
             "pad",
             attrs={"mode": "constant"},
