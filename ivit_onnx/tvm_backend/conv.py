@@ -11,9 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+from .onnx_nodes import node_attrs
 
 
 class _Emitter:
@@ -117,7 +115,7 @@ def rewrite_conv_integer(model: onnx.ModelProto, patches_only: bool = False) -> 
             new_nodes.append(node)
             continue
         e = _Emitter(graph, node.name or node.output[0])
-        attrs = _attrs(node)
+        attrs = node_attrs(node)
         w = numpy_helper.to_array(inits[node.input[1]]) if node.input[1] in inits else None
         x_shape = _static_shape(infos.get(node.input[0]))
         if _is_patch_conv(attrs, w, x_shape) and (not patches_only or _scalar_weight_zero_point(node, inits)):

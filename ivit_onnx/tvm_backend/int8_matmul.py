@@ -15,18 +15,13 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .relax_expr import dtype as _dtype
+from .relax_expr import is_call as _is_call
+
 _FOLDABLE = {
     "relax.astype": lambda x, attrs: x.astype(str(attrs.dtype)),
     "relax.expand_dims": lambda x, attrs: np.expand_dims(x, tuple(int(a) for a in attrs.axis)),
 }
-
-
-def _dtype(expr) -> str:
-    return str(expr.ty.dtype)
-
-
-def _is_call(expr, name: str) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
 @mutator

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .onnx_nodes import node_attrs
+
 TOP = np.uint64(1 << 63)
 _WRAPPING = ("Add", "Sub", "Mul")
 
@@ -31,10 +33,7 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
 
 
 def _attr(node: onnx.NodeProto, name: str, default=None):
-    for attr in node.attribute:
-        if attr.name == name:
-            return helper.get_attribute_value(attr)
-    return default
+    return node_attrs(node).get(name, default)
 
 
 class _Matcher:

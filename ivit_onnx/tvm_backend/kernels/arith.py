@@ -119,23 +119,29 @@ def int_div(e: tirx.PrimExpr, f: tirx.PrimExpr, bits: int) -> tirx.PrimExpr:
     return (wide(e) * f) >> const(62 - bits)
 
 
+def _isqrt_step(rem: te.Tensor, res: te.Tensor | None, k: int) -> tuple[te.Tensor | None, te.Tensor]:
+    """One digit of :func:`isqrt_stages`: the next remainder (None for the last digit) and root so far."""
+    bit = const(1 << (2 * k))
+
+    def prev(i):
+        return const(0) if res is None else res[i]
+
+    def next_res(*i):
+        return tirx.Select(rem[i] >= prev(i) + bit, (prev(i) >> const(1)) + bit, prev(i) >> const(1))
+
+    def next_rem(*i):
+        return tirx.Select(rem[i] >= prev(i) + bit, rem[i] - prev(i) - bit, rem[i])
+
+    new_rem = te.compute(rem.shape, next_rem, name=f"isqrt_rem{k}") if k else None
+    return new_rem, te.compute(rem.shape, next_res, name=f"isqrt_res{k}")
+
+
 def isqrt_stages(v: te.Tensor) -> te.Tensor:
-    """Exact ``floor(sqrt(v))`` of int64 ``0 <= v < 2**62``, digit by digit: 31 small stages over ``v``'s
-    shape (no division; a chain of ``Let`` bindings trips TVM's simplifier). Any exact integer square root
-    equals the reference's Newton iteration (``opset.ilayernorm.isqrt``)."""
-
-    def stage(rem, res, bit):
-        def step(*i):
-            r = const(0) if res is None else res[i]
-            ge = rem[i] >= r + bit
-            return [
-                tirx.Select(ge, rem[i] - r - bit, rem[i]),
-                tirx.Select(ge, (r >> const(1)) + bit, r >> const(1)),
-            ]
-
-        return step
-
+    """Exact ``floor(sqrt(v))`` of int64 ``0 <= v < 2**62``, digit by digit: 31 steps over ``v``'s shape, each
+    two single-output stages (no division; a chain of ``Let`` bindings trips TVM's simplifier, and a
+    two-output stage makes ``compute_at`` keep every row's value in each cuda thread block). Any exact
+    integer square root equals the reference's Newton iteration (``opset.ilayernorm.isqrt``)."""
     rem, res = v, None
     for k in range(30, -1, -1):
-        rem, res = te.compute(v.shape, stage(rem, res, const(1 << (2 * k))), name=f"isqrt{k}")
+        rem, res = _isqrt_step(rem, res, k)
     return res

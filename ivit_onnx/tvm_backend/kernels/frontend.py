@@ -12,12 +12,15 @@ marked opaque (:data:`.rows.KERNEL_ATTR`) and scheduled by :func:`schedule_row_k
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import relax
 
 from ...opset import OPS
+from ..relax_expr import const_value
+from ..relax_expr import dtype as _dtype
 from . import elementwise, rows
 
 #: relay's OpPatternKind: FuseOps never fuses kOpaque; a GEMM (kOutEWiseFusable) takes consumers up to
@@ -27,10 +30,6 @@ OPAQUE, ELEMWISE = 8, 0
 #: ``AnnotateTIROpPattern`` calls any data-dependent load opaque, :func:`restore_injective` undoes that
 INJECTIVE_ATTR = "ivit.injective"
 _INT_ATTRS = {op: tuple(spec.attributes) for op, spec in OPS.items()}
-
-
-def _dtype(expr) -> str:
-    return str(expr.ty.dtype)
 
 
 def _static_last_dim(expr, op: str) -> int:
@@ -49,57 +48,125 @@ def _check(op: str, inputs: list, attrs: dict) -> None:
     OPS[op].check([np.dtype(_dtype(i)) for i in inputs], attrs, where=f"TVM kernel for {op}")
 
 
-def _convert(op: str, bb: relax.BlockBuilder, inputs: list, attr: dict):
-    inputs = list(inputs)
-    attrs = _attrs(op, attr)
-    _check(op, inputs, attrs)
-    name = f"ivit_{op.lower()}"
-    if op == "Requantize":
-        return bb.emit_te(elementwise.requantize, *inputs, **attrs, primfunc_name_hint=name)
-    if op == "IAdd":
-        return bb.emit_te(elementwise.iadd, *inputs, **attrs, primfunc_name_hint=name)
-    if op == "ShiftGELU":
-        span = elementwise.gelu_table_range(_dtype(inputs[0]), attrs["x0"], attrs["n"])
-        if span is None:
-            return bb.emit_te(elementwise.shiftgelu, *inputs, **attrs, primfunc_name_hint=name)
-        table = relax.const(elementwise.gelu_table(*span, attrs["x0"], attrs["n"], attrs["bits"]))
-        return bb.emit_te(
-            elementwise.shiftgelu,
-            *inputs,
-            table,
-            **attrs,
-            lo=span[0],
-            primfunc_name_hint=name,
-            primfunc_attrs={INJECTIVE_ATTR: 1},
-        )
-    _static_last_dim(inputs[0], op)
-    kernel = rows.shiftmax if op == "Shiftmax" else rows.ilayernorm
+@dataclass
+class _Emitted:
+    """A private op this import turned into a kernel call: its ONNX inputs (Relax exprs) and attributes."""
+
+    op: str
+    inputs: list
+    attrs: dict
+
+
+class _Import:
+    """The converters' state during one ``from_onnx``: which output var came from which private op, so a
+    consumer can take its producer into its own kernel (the frontend converts nodes in topological order).
+
+    - ``Shiftmax(Requantize(x))``: the Requantize (Q·Kᵀ's int8 scores widened to int32) is computed inside
+      the row kernel, so the GEMM before it stores int8 and nothing writes int32 to global memory;
+    - ``MatMulInteger(Shiftmax(.., uint8 zy), ..)``: the row kernel writes ``y - 128`` as int8 (zero point
+      ``zy - 128``; the same integers, as the opset's int8 form of Shiftmax), so the int8 GEMM needs no
+      separate shift of its uint8 operand.
+    """
+
+    def __init__(self):
+        self.emitted: dict = {}
+
+    def origin(self, expr) -> _Emitted | None:
+        return self.emitted.get(expr) if isinstance(expr, relax.Var) else None
+
+    def convert(self, op: str, bb: relax.BlockBuilder, inputs: list, attr: dict):
+        inputs = list(inputs)
+        attrs = _attrs(op, attr)
+        _check(op, inputs, attrs)
+        out = self._emit(op, bb, inputs, attrs)
+        self.emitted[out] = _Emitted(op, inputs, attrs)
+        return out
+
+    def _emit(self, op: str, bb: relax.BlockBuilder, inputs: list, attrs: dict):
+        name = f"ivit_{op.lower()}"
+        if op == "Requantize":
+            return bb.emit_te(elementwise.requantize, *inputs, **attrs, primfunc_name_hint=name)
+        if op == "IAdd":
+            return bb.emit_te(elementwise.iadd, *inputs, **attrs, primfunc_name_hint=name)
+        if op == "ShiftGELU":
+            return _emit_shiftgelu(bb, inputs, attrs, name)
+        _static_last_dim(inputs[0], op)
+        row_attrs = {rows.KERNEL_ATTR: op, "op_pattern": OPAQUE}
+        src = self.origin(inputs[0])
+        if op == "Shiftmax" and src is not None and src.op == "Requantize":
+            rq = {f"rq_{k}": v for k, v in src.attrs.items()}
+            return bb.emit_te(
+                rows.shiftmax_requantized,
+                *src.inputs,
+                inputs[1],
+                **rq,
+                **attrs,
+                primfunc_name_hint=f"ivit_requantize_{name}",
+                primfunc_attrs=row_attrs,
+            )
+        kernel = rows.shiftmax if op == "Shiftmax" else rows.ilayernorm
+        return bb.emit_te(kernel, *inputs, **attrs, primfunc_name_hint=name, primfunc_attrs=row_attrs)
+
+    def matmul_inputs(self, bb: relax.BlockBuilder, inputs: list) -> list:
+        """MatMulInteger's inputs, a uint8 Shiftmax operand A replaced by its int8 twin (see the class)."""
+        inputs = list(inputs) + [None] * (4 - len(inputs))
+        src = self.origin(inputs[0])
+        zy = const_value(src.inputs[1]) if src is not None and src.op == "Shiftmax" else None
+        za = inputs[2]
+        za_value = np.zeros((), np.uint8) if za is None else const_value(za)
+        if zy is None or zy.dtype != np.uint8 or za_value is None or za_value.size != 1:
+            return inputs
+        shifted = relax.const((zy.astype(np.int16) - 128).astype(np.int8))
+        za8 = relax.const((za_value.reshape(()).astype(np.int16) - 128).astype(np.int8))
+        a8 = self.convert("Shiftmax", bb, [src.inputs[0], shifted], src.attrs)
+        return [a8, inputs[1], za8, inputs[3]]
+
+
+def _emit_shiftgelu(bb: relax.BlockBuilder, inputs: list, attrs: dict, name: str):
+    span = elementwise.gelu_table_range(_dtype(inputs[0]), attrs["x0"], attrs["n"])
+    if span is None:
+        return bb.emit_te(elementwise.shiftgelu, *inputs, **attrs, primfunc_name_hint=name)
+    table = relax.const(elementwise.gelu_table(*span, attrs["x0"], attrs["n"], attrs["bits"]))
     return bb.emit_te(
-        kernel,
+        elementwise.shiftgelu,
         *inputs,
+        table,
         **attrs,
+        lo=span[0],
         primfunc_name_hint=name,
-        primfunc_attrs={rows.KERNEL_ATTR: op, "op_pattern": OPAQUE},
+        primfunc_attrs={INJECTIVE_ATTR: 1},
     )
 
 
-def _converter_class(op: str):
+def _converter_classes(state: _Import) -> dict:
+    """Converter classes: one per private op; MatMulInteger through :meth:`_Import.matmul_inputs`."""
     from tvm.relax.frontend.onnx import onnx_frontend as fe
 
-    def _impl_v1(cls, bb, inputs, attr, params):
-        return _convert(op, bb, inputs, attr)
+    def private(op):
+        def _impl_v1(cls, bb, inputs, attr, params):
+            return state.convert(op, bb, inputs, attr)
 
-    return type(f"Ivit{op}", (fe.OnnxOpConverter,), {"_impl_v1": classmethod(_impl_v1)})
+        return type(f"Ivit{op}", (fe.OnnxOpConverter,), {"_impl_v1": classmethod(_impl_v1)})
+
+    def _impl_v10(cls, bb, inputs, attr, params):
+        return fe.MatMulInteger._impl_v10(bb, state.matmul_inputs(bb, inputs), attr, params)
+
+    table = {op: private(op) for op in OPS}
+    table["MatMulInteger"] = type(
+        "IvitMatMulInteger", (fe.MatMulInteger,), {"_impl_v10": classmethod(_impl_v10)}
+    )
+    return table
 
 
 @contextlib.contextmanager
 def ivit_converters():
     """Within this block, ``from_onnx`` converts ``Requantize``, ``IAdd``, ``ShiftGELU``, ``Shiftmax`` and
-    ``ILayerNorm`` nodes to the kernels of this package (the frontend's table is restored on exit)."""
+    ``ILayerNorm`` nodes to the kernels of this package, and MatMulInteger through :class:`_Import` (the
+    frontend's table is restored on exit)."""
     from tvm.relax.frontend.onnx import onnx_frontend as fe
 
     original = fe._get_convert_map
-    extra = {op: _converter_class(op) for op in OPS}
+    extra = _converter_classes(_Import())
 
     def patched():
         table = original()

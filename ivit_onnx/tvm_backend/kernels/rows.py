@@ -31,6 +31,7 @@ from .arith import (
     shift_exp,
     wide,
 )
+from .elementwise import requantize
 
 #: attribute marking a row kernel for :func:`schedule` (value: the op type)
 KERNEL_ATTR = "ivit.row_kernel"
@@ -63,6 +64,15 @@ def shiftmax(x, zy, *, x0: int, n: int, bits: int) -> te.Tensor:
         ),
         name="ivit_shiftmax",
     )
+
+
+def shiftmax_requantized(
+    x, zx, b, c, zr, zy, *, rq_qmin: int, rq_qmax: int, x0: int, n: int, bits: int
+) -> te.Tensor:
+    """``Shiftmax(Requantize(x, zx, b, c, zr), zy)`` as one row kernel: the requantized scores are recomputed
+    where read (never stored), so their producer (a GEMM) writes its narrower ``x``."""
+    scores = requantize(x, zx, b, c, zr, qmin=rq_qmin, qmax=rq_qmax)
+    return shiftmax(scores, zy, x0=x0, n=n, bits=bits)
 
 
 def ilayernorm(x, b, c, bias, zy, *, shift_in: int, p: int, qmin: int, qmax: int) -> te.Tensor:

@@ -1,0 +1,133 @@
+"""Producers taken into their consumers' kernels (``kernels.frontend._Import``), bit for bit: the attention
+pattern ``Q·Kᵀ -> Requantize(int8) -> Requantize(int32) -> Shiftmax(uint8) -> P·V`` becomes a GEMM with an
+int8 epilogue, one row kernel that recomputes the int32 scores, and a P·V GEMM on its int8 twin; equal to the
+numpy reference and to the inlined bodies on llvm, and on cuda no GEMM writes int32 to global memory. Also the
+row kernels' schedule: each cuda thread block computes its own row only (no per-row arrays)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ivit_onnx.opset import OPS
+from ivit_onnx.opset.functions import attach_functions
+from ivit_onnx.opset.reference import evaluator
+
+tvm = pytest.importorskip("tvm")
+from _tvm_cases import chain_model  # noqa: E402
+
+from ivit_onnx.tvm_backend import compile_model, prepare_for_tvm  # noqa: E402
+from ivit_onnx.tvm_backend.compile import fuse, import_relax, io_specs, make_target  # noqa: E402
+from ivit_onnx.tvm_backend.cuda import cuda_sources, to_ptx  # noqa: E402
+from ivit_onnx.tvm_backend.kernels import KERNEL_OPS  # noqa: E402
+from ivit_onnx.tvm_backend.proxies import kernels, measure  # noqa: E402
+
+pytestmark = pytest.mark.tvm
+SHAPE = [2, 2, 17, 64]  # batch, heads, tokens, head_dim: every GEMM extent >= 16 (int8 tensor cores)
+
+
+def attention_model(probs_output: bool = False, a_zero_point: int | None = None) -> onnx.ModelProto:
+    """``softmax(Q·Kᵀ)·V`` as the rewriter emits it (scores requantized to int8, widened to int32 for
+    Shiftmax, uint8 probabilities); with ``probs_output`` the probabilities are a graph output too."""
+    i64 = np.int64
+    c = {
+        "i32_zp": np.int32(0),
+        "i8_zp": np.int8(0),
+        "u8_zp": np.uint8(0),
+        "s_m": i64(1_300_000),
+        "s_c": i64(33),
+        "up_m": i64(5 << 20),
+        "up_c": i64(16),
+        "o_m": i64(1 << 22),
+        "o_c": i64(30),
+        "a_zp": np.uint8(a_zero_point or 0),
+    }
+    q = {"qmin": -128, "qmax": 127}
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMulInteger", ["q", "kt"], ["s"]),
+        OPS["Requantize"].make_node(["s", "i32_zp", "s_m", "s_c", "i8_zp"], ["s8"], **q),
+        OPS["Requantize"].make_node(
+            ["s8", "i8_zp", "up_m", "up_c", "i32_zp"], ["s32"], qmin=-(2**31), qmax=2**31 - 1
+        ),
+        OPS["Shiftmax"].make_node(["s32", "u8_zp"], ["probs"], x0=1226, n=30, bits=8),
+        helper.make_node(
+            "MatMulInteger", ["probs", "v"] + (["a_zp"] if a_zero_point is not None else []), ["o"]
+        ),
+        OPS["Requantize"].make_node(["o", "i32_zp", "o_m", "o_c", "i8_zp"], ["y"], **q),
+    ]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT8, SHAPE) for n in ("q", "k", "v")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.INT8, SHAPE)]
+    if probs_output:
+        outputs.append(helper.make_tensor_value_info("probs", TensorProto.UINT8, SHAPE[:3] + SHAPE[2:3]))
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        inputs,
+        outputs,
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in c.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    return attach_functions(model)
+
+
+def _feeds(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {n: rng.integers(-128, 128, SHAPE).astype(np.int8) for n in ("q", "k", "v")}
+
+
+def _fused_names(model) -> list[str]:
+    prepared = prepare_for_tvm(model, keep_ops=KERNEL_OPS)
+    mod, _ = import_relax(prepared, io_specs(prepared)[0])
+    return sorted(
+        gv.name_hint
+        for gv, f in fuse(mod, make_target("llvm")).functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    )
+
+
+@pytest.mark.parametrize("probs_output,a_zero_point", [(True, None), (False, 3)])
+def test_attention_fusion_bitexact_on_llvm(probs_output, a_zero_point):
+    """Kernels (with the fusions) == numpy reference, on random and saturating inputs; with the uint8
+    probabilities also a graph output, both the uint8 kernel and its int8 twin run."""
+    model = attention_model(probs_output, a_zero_point)
+    names = _fused_names(model)
+    assert any("ivit_requantize_ivit_shiftmax" in n for n in names), names  # widening inside the row kernel
+    assert not any("cast_subtract" in n for n in names), names  # no separate uint8 -> int8 shift kernel
+    art = compile_model(model)
+    for feeds in (_feeds(0), {n: np.full(SHAPE, 127, np.int8) for n in ("q", "k", "v")}):
+        for out, ref in zip(art.run(feeds), evaluator(model).run(None, feeds), strict=True):
+            assert out.dtype == ref.dtype
+            np.testing.assert_array_equal(out, ref)
+
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+
+
+@needs_nvcc
+def test_attention_gemms_write_no_int32_on_cuda():
+    """Both attention GEMMs on int8 tensor cores, neither storing int32; the only 64-bit division is the row
+    kernel's (one per row)."""
+    art = compile_model(attention_model(), target="cuda", arch="sm_90")
+    (source,) = cuda_sources(art.module)
+    p = measure(art.module.as_text(), source, to_ptx(source, "sm_90"))
+    assert (p.gemms, p.int8_tc_gemms, p.int32_gemm_outputs) == (2, 2, 0), p.gemm_calls
+    assert list(p.div64.values()) == [1] and "shiftmax" in next(iter(p.div64)), p.div64
+    assert p.untraced == []
+
+
+def test_row_kernels_compute_their_own_row_on_cuda():
+    """Every local array of the Shiftmax/ILayerNorm kernels holds one value: a thread block computes its own
+    row's reductions and square root (a two-output stage once made each block compute all rows' values)."""
+    art = compile_model(chain_model(np.random.default_rng(0), tokens=12), target="cuda", arch="sm_90")
+    (source,) = cuda_sources(art.module)
+    rows = {n: k for n, k in kernels(source).items() if re.match(r"ivit_(?:ilayernorm|shiftmax)", n)}
+    assert len(rows) == 2, list(rows)
+    for name, kernel in rows.items():
+        sizes = {int(s) for s in re.findall(r"alignas\(\d+\) [\w ]+?_local_ptr\[(\d+)\];", kernel.body)}
+        assert sizes == {1}, (name, sizes)
