@@ -58,10 +58,11 @@ class BertEmbeddings(nn.Module):
         self.q_norm = QuantPoint()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        # 0..S-1 computed elementwise from the ids (RoBERTa's way): a Range of the input's runtime shape would
+        # leave the lookup's shape unknown to compilers with static shapes (TVM's fused kernels)
+        positions = torch.cumsum(torch.ones_like(input_ids), dim=1) - 1
         x = F.embedding(input_ids, self.q_word(self.word_embeddings.weight))
-        # positions 0..S-1 as a Slice of the table (a Gather of arange(S) is a Range of a runtime shape,
-        # which compilers with static shapes, TVM's kernels among them, cannot size)
-        x = x + self.q_position(self.position_embeddings.weight)[: input_ids.shape[1]].unsqueeze(0)
+        x = x + F.embedding(positions, self.q_position(self.position_embeddings.weight))
         x = x + F.embedding(token_type_ids, self.q_token_type(self.token_type_embeddings.weight))
         return self.q_norm(self.LayerNorm(self.q_sum(x)))
 

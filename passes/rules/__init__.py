@@ -3,7 +3,7 @@ self-registers); ``RULES`` maps every op type a rule's pattern names to that rul
 
 from __future__ import annotations
 
-from . import elementwise, layout, linear, mask, nonlinear, pad, pool, qdq
+from . import chain, elementwise, layout, linear, mask, masked_pool, nonlinear, pad, pool, qdq, token_mask
 from .lowerer import Lowerer, Outcome
 
 LOWERING = (
@@ -26,5 +26,7 @@ LOWERING = (
     pad.PadRule(),  # #11 (Swin)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
+# #11-BERT: token masks (two-valued floats of the int64 mask input) and masked mean pooling, tried first
+RULES = chain.ahead(RULES, (*token_mask.RULES, *masked_pool.RULES))
 
 __all__ = ["LOWERING", "RULES", "Lowerer", "Outcome"]
