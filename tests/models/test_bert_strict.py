@@ -6,6 +6,8 @@ not matter."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -14,7 +16,8 @@ torch = pytest.importorskip("torch")
 
 from ivit_onnx import rewrite  # noqa: E402
 from ivit_onnx.certify import float_offenders  # noqa: E402
-from ivit_onnx.models.bert import export_bert, fake_quant_bert  # noqa: E402
+from ivit_onnx.models.bert import bert_tiny, export_bert, fake_quant_bert  # noqa: E402
+from ivit_onnx.models.runtime import ort_session  # noqa: E402
 from ivit_onnx.models.text_task import make_split, train_text_bert  # noqa: E402
 from ivit_onnx.runners import make_runner  # noqa: E402
 from tests.graphs import op_counts  # noqa: E402
@@ -26,14 +29,21 @@ ACCURACY_GAP_BAR = 1.0  # points of accuracy, integer vs fake-quant
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """(fake-quant path, fp32 path, integer model, report) of the tiny BERT
-    trained for 3 epochs (~5-10 s)."""
+def bert():
+    """The tiny BERT trained for 3 epochs (~5-10 s)."""
+    return train_text_bert(epochs=3, n_train=1024)
+
+
+def _calibration():
+    return [make_split(64, 100 + i).feeds for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, bert):
+    """(fake-quant path, fp32 path, integer model, report) of the trained BERT."""
     d = tmp_path_factory.mktemp("bert_task")
-    model = train_text_bert(epochs=3, n_train=1024)
-    fq = fake_quant_bert(model, [make_split(64, 100 + i).feeds for i in range(4)])
-    export_bert(model, d / "fp32.onnx", seq=SEQ)
-    export_bert(fq, d / "fq.onnx", seq=SEQ)
+    export_bert(bert, d / "fp32.onnx", seq=SEQ)
+    export_bert(fake_quant_bert(bert, _calibration()), d / "fq.onnx", seq=SEQ)
     int_model, report = rewrite(d / "fq.onnx")
     return d / "fq.onnx", d / "fp32.onnx", int_model, report
 
@@ -44,9 +54,9 @@ def test_split():
 
 
 def _logits(model, feeds, backend="library"):
+    """Logits of an integer model on ``backend``, or of a fake-quant/fp32 file in stock onnxruntime."""
     if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model))
-        backend = "onnxruntime"
+        return ort_session(model).run(None, feeds)[0]
     runner = make_runner(backend, model)
     return runner.run(feeds)[runner.output_names[0]]
 
@@ -71,19 +81,44 @@ def test_strict_no_float_tensor_and_op_counts(trained):
     assert all(inits[n.input[0]].data_type == onnx.TensorProto.INT8 for n in lookups)
 
 
-def test_accuracy_and_agreement_vs_fake_quant(trained, test_split):
-    fq_path, fp32_path, model, _ = trained
-    fq, got = _logits(fq_path, test_split.feeds), _logits(model, test_split.feeds)
-    fp32 = _logits(fp32_path, test_split.feeds)
-    y = test_split.labels
+def _check_accuracy(name, fq_path, fp32_path, model, split):
+    fq, got = _logits(fq_path, split.feeds), _logits(model, split.feeds)
+    fp32 = _logits(fp32_path, split.feeds)
+    y = split.labels
     acc = {k: 100 * float(np.mean(v.argmax(1) == y)) for k, v in (("fp32", fp32), ("fq", fq), ("int", got))}
     agree = float(np.mean(fq.argmax(1) == got.argmax(1)))
     print(
-        f"BERT text task: {len(y)} sentences, accuracy fp32 {acc['fp32']:.2f}% fake-quant {acc['fq']:.2f}% "
-        f"int {acc['int']:.2f}%, agreement int vs fake-quant {100 * agree:.2f}%"
+        f"BERT text task ({name}): {len(y)} sentences, accuracy fp32 {acc['fp32']:.2f}% fake-quant "
+        f"{acc['fq']:.2f}% int {acc['int']:.2f}%, agreement int vs fake-quant {100 * agree:.2f}%"
     )
     assert acc["fq"] >= 90.0, acc  # it learned the task
     assert agree >= AGREEMENT_BAR and abs(acc["int"] - acc["fq"]) <= ACCURACY_GAP_BAR, (acc, agree)
+
+
+def test_accuracy_and_agreement_vs_fake_quant(trained, test_split):
+    _check_accuracy("int8, arith mask", trained[0], trained[1], trained[2], test_split)
+
+
+#: the trained weights with the Where(mask, 0, finfo.min) mask, uint8 activations, an int16 residual
+VARIANTS = {
+    "where_mask": ({"mask_form": "where"}, {}),
+    "uint8_activations": ({}, {"act_dtype": "uint8"}),
+    "int16_residual": ({}, {"residual_bits": 16}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variants_strict_and_accurate(variant, bert, trained, test_split, tmp_path):
+    config, options = VARIANTS[variant]
+    model = bert
+    if config:
+        model = bert_tiny(**{**dataclasses.asdict(bert.config), **config})
+        model.load_state_dict(bert.state_dict())
+    export_bert(fake_quant_bert(model, _calibration(), **options), tmp_path / "fq.onnx", seq=SEQ)
+    int_model, report = rewrite(tmp_path / "fq.onnx")
+    assert float_offenders(int_model) == [] and report.notes["float_islands"] == []
+    assert report.counts["lower_integer"]["attention mask from the input (Where)"] == LAYERS
+    _check_accuracy(variant, tmp_path / "fq.onnx", trained[1], int_model, test_split)
 
 
 def test_bitexact_reference_bodies_library(trained, test_split):
