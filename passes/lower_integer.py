@@ -74,20 +74,16 @@ class LowerInteger(Pass):
         fused = ctx.notes.get("declined", {})  # a fusion's reason explains the island it leaves
         reasons = {k: v + (f" ({fused[k]})" if k in fused else "") for k, v in islands.items()}
         if islands and not ctx.options.allow_float:
-            names = "; ".join(f"{k}: {v}" for k, v in list(reasons.items())[:8]) + (
-                " ..." if len(islands) > 8 else ""
-            )
+            names = "; ".join(f"{k}: {v}" for k, v in list(reasons.items())[:8]) + " ..." * (len(islands) > 8)
             raise ConversionError(
                 f"{len(islands)} node(s) have no integer rule that applies (float islands): {names}; "
                 "rerun with --allow-float to keep them as DQ → float → Q"
             )
         ctx.notes["float_islands"] = list(islands)
         ctx.notes["float_island_reasons"] = reasons
-        total = ctx.notes.get("integer_macs", 0) + float_macs
-        ctx.notes["total_macs"] = total
-        ctx.notes["integer_mac_percent"] = (
-            100.0 * ctx.notes.get("integer_macs", 0) / total if total else 100.0
-        )
+        integer = ctx.notes.get("integer_macs", 0)
+        ctx.notes["total_macs"] = total = integer + float_macs
+        ctx.notes["integer_mac_percent"] = 100.0 * integer / total if total else 100.0
         ctx.notes["max_dyadic_rel_error"] = lw.max_dyadic_error
         table = lw.tensor_map()
         ctx.metadata["ivit_onnx.tensor_map"] = json.dumps(table, sort_keys=True)
@@ -98,13 +94,10 @@ class LowerInteger(Pass):
 
     @staticmethod
     def _bind_outputs(lw: Lowerer) -> None:
-        g = lw.g
-        outs = []
-        for t in g.outputs:
+        for t in lw.g.outputs:
             if lw.get(t) is not None:
                 lw.materialize(t, out=t)
             elif t.name in lw.alias:
-                it = lw.alias[t.name][0]
-                g.nodes.append(gs.Node("Identity", name=lw.fresh("output"), inputs=[it], outputs=[t]))
-            outs.append(t)
-        g.outputs = outs
+                lw.g.nodes.append(
+                    gs.Node("Identity", name=lw.fresh("output"), inputs=[lw.alias[t.name][0]], outputs=[t])
+                )

@@ -20,7 +20,8 @@ _NO = object()
 
 
 class Match(dict):
-    """Bindings by name (tensors for Var, values for Const, nodes for Op) and the matched ``root``."""
+    """Bindings by name (tensors for Var, values for Const, nodes for Op), the ``root`` node and the
+    matched ``nodes``; ``same`` holds the tensor each pattern object met."""
 
     def __init__(self, root: gs.Node):
         super().__init__()
@@ -32,13 +33,6 @@ class Match(dict):
         except KeyError:
             raise AttributeError(key) from None
 
-    def _state(self):
-        return dict(self), len(self.nodes), dict(self.same)
-
-    def _restore(self, state) -> None:
-        self.clear(), self.update(state[0]), self.same.clear(), self.same.update(state[2])
-        del self.nodes[state[1] :]
-
 
 class Pattern:
     def __init__(self, name: str | None = None):
@@ -46,18 +40,13 @@ class Pattern:
 
     def match(self, t: gs.Tensor, m: Match) -> bool:
         """Match ``t``; a pattern object met again must meet the same tensor (through Q/DQ)."""
-        src = through_qdq(t)
         if id(self) in m.same:
-            return m.same[id(self)] is src
-        state = m._state()
+            return m.same[id(self)] is through_qdq(t)
         value = self._match(t, m)
-        if value is _NO:
-            m._restore(state)
-            return False
-        m.same[id(self)] = src
-        if self.name:
-            m[self.name] = value
-        return True
+        if value is not _NO:
+            m.same[id(self)] = through_qdq(t)
+            m.update({self.name: value} if self.name else {})
+        return value is not _NO
 
     def _match(self, t: gs.Tensor, m: Match):  # pragma: no cover - interface
         raise NotImplementedError
@@ -79,13 +68,9 @@ class Const(Pattern):
         self.value, self.rtol = value, rtol
 
     def _match(self, t, m):
-        v = dequantized_const(t)
-        if v is None or self.value is not None and (v.size != 1 or not self.near(float(v.reshape(())))):
-            return _NO
-        return v
-
-    def near(self, v: float) -> bool:
-        return abs(v - self.value) <= self.rtol * abs(self.value)
+        v, want = dequantized_const(t), self.value
+        near = want is None or v is not None and v.size == 1 and abs(v.item() - want) <= self.rtol * abs(want)
+        return v if v is not None and near else _NO
 
 
 class Op(Pattern):
@@ -106,11 +91,12 @@ class Op(Pattern):
         if node.op in COMMUTATIVE and len(self.inputs) == 2:
             orders.append(node.inputs[::-1])
         for ins in orders:
-            state = m._state()
+            state = dict(m), dict(m.same), len(m.nodes)
             if all(p.match(x, m) for p, x in zip(self.inputs, ins, strict=False)):
                 m.nodes.append(node)
                 return True
-            m._restore(state)
+            m.clear(), m.same.clear(), m.update(state[0]), m.same.update(state[1])
+            del m.nodes[state[2] :]
         return False
 
 
@@ -120,16 +106,13 @@ class OneOf(Pattern):
     def __init__(self, *alternatives: Pattern, name: str | None = None):
         super().__init__(name)
         self.alternatives = alternatives
+        self.ops = tuple(op for a in alternatives for op in getattr(a, "ops", ()))
 
     def _match(self, t, m):
         return t if any(a.match(t, m) for a in self.alternatives) else _NO
 
     def match_root(self, node: gs.Node, m: Match) -> bool:
         return any(isinstance(a, Op | OneOf) and a.match_root(node, m) for a in self.alternatives)
-
-    @property
-    def ops(self) -> tuple[str, ...]:
-        return tuple(op for a in self.alternatives for op in getattr(a, "ops", ()))
 
 
 def match(pattern: Op | OneOf, node: gs.Node) -> Match | None:
@@ -156,11 +139,6 @@ class Rule:
         raise NotImplementedError
 
 
-def decline(ctx: Context, node: gs.Node, reason: str) -> None:
-    """Record why a rule left ``node`` alone: the report lists it, the float-island error repeats it."""
-    ctx.notes.setdefault("declined", {})[node_label(node)] = reason
-
-
 class FusePass(Pass):
     """Applies ``rules`` once: every match first, then the edits. A rule's ``rewrite(ctx, m)`` returns
     ``(op, inputs, attrs)`` for the node that takes over the root's output (named ``<output>_<suffix>``)."""
@@ -183,10 +161,9 @@ class FusePass(Pass):
                     break
         inner = {id(n) for _, m in found for n in m.nodes if n is not m.root}
         found = [(r, m) for r, m in found if id(m.root) not in inner]  # the outermost match wins
-        fused = {id(n) for _, m in found for n in m.nodes}
-        for node, why in declined:
-            if id(node) not in fused:
-                decline(ctx, node, f"{self.name}: {why}")
+        fused = {id(n) for _, m in found for n in m.nodes}  # a decline's reason goes to the report
+        for node, why in (d for d in declined if id(d[0]) not in fused):
+            ctx.notes.setdefault("declined", {})[node_label(node)] = f"{self.name}: {why}"
         for rule, m in found:
             op, inputs, attrs = rule.rewrite(ctx, m)
             out = m.root.outputs[0]

@@ -14,7 +14,7 @@ from ivit_onnx.affine import Affine
 from ivit_onnx.graph import const_array
 
 from ..pattern import Op, Rule
-from .lowerer import Lowerer, Outcome
+from .lowerer import Lowerer, Outcome, optional_input
 from .qdq import float_weight
 
 _EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -60,12 +60,7 @@ def _tightened(t: Affine, a: Affine, ib, b: Affine) -> Affine:
 def _integer_matmul(lw: Lowerer, a_in, b_in, k: int, hint: str, out_shape):
     (ia, a), (ib, b) = a_in, b_in
     if a.dtype in _EIGHT_BIT and b.dtype in _EIGHT_BIT:
-        zps = []
-        if a.zero_point or b.zero_point:
-            zps = [lw.zp(a.zero_point, a.dtype, "a_zp")]
-            if b.zero_point:
-                zps.append(lw.zp(b.zero_point, b.dtype, "b_zp"))
-        out = lw.node("MatMulInteger", [ia, ib, *zps], np.int32, hint, shape=out_shape)
+        out = lw.node("MatMulInteger", [ia, ib, *_zero_points(lw, a, b)], np.int32, hint, shape=out_shape)
         lw.ctx.count("lower_integer", "MatMulInteger")
     else:  # 16-bit operands: exact int32 MatMul of zero-point-free operands
         ia, a = lw.symmetric(ia, a)
@@ -77,11 +72,27 @@ def _integer_matmul(lw: Lowerer, a_in, b_in, k: int, hint: str, out_shape):
     return out, _tightened(qparams.accumulator(a, b, k), a, ib, b)
 
 
+def _zero_points(lw: Lowerer, a: Affine, b: Affine) -> list:
+    """The optional zero-point inputs of MatMulInteger/ConvInteger (b's only when it is non-zero)."""
+    if not (a.zero_point or b.zero_point):
+        return []
+    return [lw.zp(a.zero_point, a.dtype, "a_zp")] + (
+        [lw.zp(b.zero_point, b.dtype, "b_zp")] if b.zero_point else []
+    )
+
+
+def _finish(lw: Lowerer, node: gs.Node, out, t: Affine, bias_shape=(-1,), beta: float = 1.0) -> Outcome:
+    """Add the bias input (if any, in int32), count the MACs and bind the output."""
+    if optional_input(node, 2) is not None:
+        bias = lw.const_float(node.inputs[2]).reshape(bias_shape) * beta
+        out, t = add_bias(lw, out, t, bias, f"{node.op.lower()}_bias")
+    lw.count_macs(node)
+    lw.set(node.outputs[0], out, t)
+    return Outcome.HANDLED
+
+
 def _weight_operand(lw: Lowerer, t: gs.Tensor):
-    got = lw.get(t)
-    if got is None:
-        return None
-    it, a = got
+    it, a = lw.get(t)
     if a.per_tensor:
         return it, a
     if isinstance(it, gs.Constant) and a.scale.ndim >= 1 and a.scale.shape[-1] == a.scale.size:
@@ -105,10 +116,7 @@ class MatMul(Rule):
         dims = ((shape_b or [None, None])[-2], (shape_a or [None])[-1])
         k = next((d for d in dims if isinstance(d, int)), None)
         a_in, b_in = _fit_int32(lw, a_in, b_in, k)
-        out, t = _integer_matmul(lw, a_in, b_in, k or 1, "matmul", node.outputs[0].shape)
-        lw.count_macs(node)
-        lw.set(node.outputs[0], out, t)
-        return Outcome.HANDLED
+        return _finish(lw, node, *_integer_matmul(lw, a_in, b_in, k or 1, "matmul", node.outputs[0].shape))
 
 
 def add_bias(lw: Lowerer, it: gs.Tensor, a: Affine, bias: np.ndarray, hint: str):
@@ -124,12 +132,7 @@ def _weight_check(lw, node: gs.Node) -> str | None:
     why = float_weight(lw, node) or lw.missing(*node.inputs[:2])
     if why is None and not isinstance(lw.get(node.inputs[1])[0], gs.Constant):
         return f"weight '{node.inputs[1].name}' is not a constant"
-    if (
-        why is None
-        and len(node.inputs) > 2
-        and node.inputs[2].name
-        and lw.const_float(node.inputs[2]) is None
-    ):
+    if why is None and optional_input(node, 2) is not None and lw.const_float(node.inputs[2]) is None:
         return f"bias '{node.inputs[2].name}' is not a constant"
     return why
 
@@ -153,12 +156,7 @@ class Gemm(Rule):
         a_in, b_in = _fit_int32(lw, lw.per_tensor(*lw.get(node.inputs[0])), b_in, w.shape[0])
         out, t = _integer_matmul(lw, a_in, b_in, w.shape[0], "gemm", node.outputs[0].shape)
         t = t.scaled(float(node.attrs.get("alpha", 1.0)))
-        if len(node.inputs) > 2 and node.inputs[2].name:
-            bias = lw.const_float(node.inputs[2]) * float(node.attrs.get("beta", 1.0))
-            out, t = add_bias(lw, out, t, bias, "gemm_bias")
-        lw.count_macs(node)
-        lw.set(node.outputs[0], out, t)
-        return Outcome.HANDLED
+        return _finish(lw, node, out, t, beta=float(node.attrs.get("beta", 1.0)))
 
 
 class Conv(Rule):
@@ -171,20 +169,13 @@ class Conv(Rule):
         if why is None:
             x, w = (lw.get(t)[1] for t in m.root.inputs[:2])
             if x.dtype not in _EIGHT_BIT or not x.per_tensor or w.dtype not in _EIGHT_BIT:
-                return (
-                    f"operands are not an 8-bit per-tensor input and an 8-bit weight ({x.dtype}, {w.dtype})"
-                )
+                return f"operands are not 8-bit, per-tensor input and weight ({x.dtype}, {w.dtype})"
         return why
 
     def rewrite(self, lw, m):
         node = m.root
         (ix, x), (iw, w) = lw.get(node.inputs[0]), lw.get(node.inputs[1])
-        wv = const_array(iw)
-        zps = []
-        if x.zero_point or w.zero_point:
-            zps = [lw.zp(x.zero_point, x.dtype, "x_zp")] + (
-                [lw.zp(w.zero_point, w.dtype, "w_zp")] if w.zero_point else []
-            )
+        wv, zps = const_array(iw), _zero_points(lw, x, w)
         keep = ("dilations", "group", "kernel_shape", "pads", "strides", "auto_pad")
         attrs = {k: v for k, v in node.attrs.items() if k in keep}
         out = lw.node(
@@ -193,9 +184,4 @@ class Conv(Rule):
         lw.ctx.count("lower_integer", "ConvInteger")
         nd = wv.ndim - 2
         t = qparams.conv_accumulator(x, w, int(np.prod(wv.shape[1:])), nd)
-        if len(node.inputs) > 2 and node.inputs[2].name:
-            bias = lw.const_float(node.inputs[2])
-            out, t = add_bias(lw, out, t, bias.reshape([-1] + [1] * nd), "conv_bias")
-        lw.count_macs(node)
-        lw.set(node.outputs[0], out, t)
-        return Outcome.HANDLED
+        return _finish(lw, node, out, t, bias_shape=[-1] + [1] * nd)

@@ -41,6 +41,11 @@ def macs(node: gs.Node) -> int:
     return int(np.prod(dims)) * (k if isinstance(k, int) else 1)
 
 
+def optional_input(node: gs.Node, i: int) -> gs.Tensor | None:
+    """Input ``i`` of ``node``, None when it is absent or empty."""
+    return node.inputs[i] if len(node.inputs) > i and node.inputs[i].name else None
+
+
 def broadcast_scale(scale: np.ndarray, axis: int, rank: int) -> np.ndarray:
     """A per-axis scale vector reshaped so it broadcasts against a rank-``rank`` tensor."""
     if scale.size == 1:
@@ -108,9 +113,8 @@ class Lowerer:
         m = float(np.max(np.abs(v))) if v.size else 0.0
         scale = m / qmax if m > 0 else 1.0
         q = np.clip(np.rint(v / scale), -qmax, qmax).astype(dtype)
-        return self.const(q, hint + "_q"), Affine(
-            np.float64(scale), 0, dtype, bound=int(np.max(np.abs(q), initial=0))
-        )
+        bound = int(np.max(np.abs(q), initial=0))
+        return self.const(q, hint + "_q"), Affine(np.float64(scale), 0, dtype, bound=bound)
 
     def target(self, t: gs.Tensor) -> Affine | None:
         """The common type of ``t``'s QuantizeLinear consumers, when every consumer is one."""
@@ -124,30 +128,24 @@ class Lowerer:
         return types[0]
 
     def q_type(self, q: gs.Node, data: gs.Tensor) -> Affine:
+        """The type a QuantizeLinear writes or a DequantizeLinear reads (a scale per axis, one zero point)."""
         scale = const_array(q.inputs[1]).astype(np.float64)
-        zp = const_array(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2].name else None
-        dtype = zp.dtype if zp is not None else np.dtype(np.uint8)
-        if zp is not None and zp.size > 1:
-            raise ConversionError(
-                f"{node_label(q)}: per-channel zero points on activations are not supported"
-            )
+        zp, dq = const_array(optional_input(q, 2)), q.op == "DequantizeLinear"
+        dtype = zp.dtype if zp is not None else q.inputs[0].dtype if dq and q.inputs[0].dtype else np.uint8
+        if zp is not None and zp.size > 1 and (not dq or np.any(zp != 0)):
+            what = "non-zero zero points" if dq else "zero points on activations"
+            raise ConversionError(f"{node_label(q)}: per-channel {what} are not supported")
         rank = len(data.shape) if data.shape is not None else 1
-        return Affine(
-            broadcast_scale(scale, q.attrs.get("axis", 1), rank),
-            int(zp.reshape(-1)[0]) if zp is not None else 0,
-            dtype,
-        )
+        scale = broadcast_scale(scale, q.attrs.get("axis", 1), rank)
+        return Affine(scale, int(zp.reshape(-1)[0]) if zp is not None else 0, dtype)
 
     def tensor_map(self) -> dict:
         """Every integer tensor's type and the fake-quant tensor it replaces (``--scales``, metadata)."""
+        keys = ("dtype", "zero_point", "scale", "bound", "replaces")
         return {
-            it.name: {
-                "dtype": a.dtype.name,
-                "zero_point": a.zero_point,
-                "scale": a.scale.tolist(),
-                "bound": a.bound,
-                "replaces": name,
-            }
+            it.name: dict(
+                zip(keys, (a.dtype.name, a.zero_point, a.scale.tolist(), a.bound, name), strict=True)
+            )
             for name, (it, a) in sorted(self.itype.items())
             if not isinstance(it, gs.Constant)
         }
@@ -159,16 +157,10 @@ class Lowerer:
     def const(self, value, hint: str) -> gs.Constant:
         return gs.Constant(self.fresh(hint), np.ascontiguousarray(value))
 
-    def node(
-        self, op: str, inputs: list, dtype, hint: str, attrs=None, domain=None, n_out: int = 1, shape=None
-    ):
+    def node(self, op: str, inputs: list, dtype, hint: str, attrs=None, domain=None, n_out=1, shape=None):
         """Append a node; returns its output variable (or list of them when ``n_out > 1``)."""
-        outs = [
-            gs.Variable(
-                self.fresh(f"{hint}_out" if n_out == 1 else f"{hint}_out{i}"), dtype=dtype, shape=shape
-            )
-            for i in range(n_out)
-        ]
+        names = [f"{hint}_out" if n_out == 1 else f"{hint}_out{i}" for i in range(n_out)]
+        outs = [gs.Variable(self.fresh(n), dtype=dtype, shape=shape) for n in names]
         node = gs.Node(op, name=self.fresh(hint), attrs=dict(attrs or {}), inputs=list(inputs), outputs=outs)
         if domain:
             node.domain = domain
@@ -181,56 +173,36 @@ class Lowerer:
         in_types = [t.values.dtype if isinstance(t, gs.Constant) else t.dtype for t in inputs]
         spec.check([np.dtype(d) for d in in_types], attrs, where=self.node_hint)
         self.ctx.count("lower_integer", op)
-        return self.node(
-            op,
-            inputs,
-            out_dtype,
-            hint,
-            attrs={k: int(v) for k, v in attrs.items()},
-            domain=DOMAIN,
-            shape=shape,
-        )
+        attrs = {k: int(v) for k, v in attrs.items()}
+        return self.node(op, inputs, out_dtype, hint, attrs=attrs, domain=DOMAIN, shape=shape)
 
     def zp(self, value: int, dtype, hint: str) -> gs.Constant:
         return self.const(np.array(value, dtype=dtype), hint)
 
     def dyadic(self, m: np.ndarray, bits: int, what: str, allow_negative=False):
         """Dyadic pair(s) for ``m`` with the error tracked for the report; errors name the node."""
+        m = np.asarray(m)
         try:
-            b, c = dyadic_array(
-                np.asarray(m), bits, what=f"{self.node_hint}: {what}", allow_negative=allow_negative
-            )
+            b, c = dyadic_array(m, bits, what=f"{self.node_hint}: {what}", allow_negative=allow_negative)
         except DyadicError as e:
             raise ConversionError(str(e)) from None
-        nz = np.asarray(m) != 0
+        nz = m != 0
         if np.any(nz):
-            self.max_dyadic_error = max(
-                self.max_dyadic_error, relative_error(np.asarray(m)[nz], b[nz], c[nz])
-            )
+            self.max_dyadic_error = max(self.max_dyadic_error, relative_error(m[nz], b[nz], c[nz]))
         return b, c
+
+    def rescale(self, it: gs.Tensor, a: Affine, b, c, t: Affine, hint: str) -> gs.Variable:
+        """The one Requantize emitter: ``it`` of type ``a`` times ``b / 2**c`` into type ``t``'s range."""
+        x_zp, y_zp = self.zp(a.zero_point, a.dtype, "x_zp"), self.zp(t.zero_point, t.dtype, "y_zp")
+        inputs = [it, x_zp, self.const(b, "mult"), self.const(c, "shift"), y_zp]
+        lo, hi, shape = *t.qrange, it.shape if isinstance(it, gs.Variable) else None
+        return self.private("Requantize", inputs, t.dtype, hint, shape=shape, qmin=lo, qmax=hi)
 
     def requantize(self, it: gs.Tensor, a: Affine, t: Affine, hint: str = "requant") -> gs.Tensor:
         """Rescale ``it`` from type ``a`` to ``t`` (a no-op when the types agree)."""
         if a.same_as(t):
             return it
-        b, c = qparams.requantize(a, t, self.dyadic)
-        qmin, qmax = t.qrange
-        shape = it.shape if isinstance(it, gs.Variable) else None
-        return self.private(
-            "Requantize",
-            [
-                it,
-                self.zp(a.zero_point, a.dtype, "x_zp"),
-                self.const(b, "mult"),
-                self.const(c, "shift"),
-                self.zp(t.zero_point, t.dtype, "y_zp"),
-            ],
-            t.dtype,
-            hint,
-            shape=shape,
-            qmin=qmin,
-            qmax=qmax,
-        )
+        return self.rescale(it, a, *qparams.requantize(a, t, self.dyadic), t, hint)
 
     def per_tensor(self, it: gs.Tensor, a: Affine) -> tuple[gs.Tensor, Affine]:
         """Per-channel (accumulator) types become per-tensor int32 at the finest channel scale."""
@@ -243,20 +215,9 @@ class Lowerer:
         """Remove a non-zero zero point (exactly: int16 holds ``q - zp`` of 8-bit types)."""
         if a.zero_point == 0:
             return it, a
-        dt = np.int16 if a.dtype.itemsize == 1 else np.int32
-        t = Affine(a.scale, 0, dt, bound=a.bound)
-        one = self.const(np.ones(a.scale.shape, np.int64), "one")
-        zero = self.const(np.zeros(a.scale.shape, np.int64), "zero")
-        lo, hi = dtype_range(dt)
-        out = self.private(
-            "Requantize",
-            [it, self.zp(a.zero_point, a.dtype, "x_zp"), one, zero, self.zp(0, dt, "y_zp")],
-            dt,
-            "center",
-            qmin=lo,
-            qmax=hi,
-        )
-        return out, t
+        t = Affine(a.scale, 0, np.int16 if a.dtype.itemsize == 1 else np.int32, bound=a.bound)
+        ones = np.ones(a.scale.shape, np.int64)
+        return self.rescale(it, a, ones, ones * 0, t, "center"), t
 
     def materialize(self, t: gs.Tensor, out: gs.Tensor | None = None) -> gs.Tensor:
         """A float tensor for a lowered value (DequantizeLinear), for float islands and graph outputs."""
@@ -276,18 +237,9 @@ class Lowerer:
             scale = scale.reshape(-1)
         attrs = {"axis": axis} if axis is not None else {}
         zp = np.full(scale.shape if axis is not None else (), a.zero_point, dtype=a.dtype)
+        inputs = [it, self.const(scale.astype(np.float32).reshape(zp.shape), "scale"), self.const(zp, "zp")]
         self.g.nodes.append(
-            gs.Node(
-                "DequantizeLinear",
-                name=self.fresh("dequant"),
-                attrs=attrs,
-                inputs=[
-                    it,
-                    self.const(scale.astype(np.float32).reshape(zp.shape), "scale"),
-                    self.const(zp, "zp"),
-                ],
-                outputs=[out],
-            )
+            gs.Node("DequantizeLinear", name=self.fresh("dequant"), attrs=attrs, inputs=inputs, outputs=[out])
         )
         self.floats[t.name] = out
         return out

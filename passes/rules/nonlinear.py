@@ -25,21 +25,10 @@ def _last_dim(t: gs.Tensor) -> int | None:
 
 def _upscale(lw: Lowerer, it, a: Affine, up: qparams.Upscale):
     """The exact ``q * m`` Requantize of :func:`ivit_onnx.qparams.fine_grid` (nothing when ``m == 1``)."""
-    if up.m == 1:
-        return it
-    return lw.private(
-        "Requantize",
-        [
-            it,
-            lw.zp(a.zero_point, a.dtype, "x_zp"),
-            lw.const(np.int64(up.m), "mult"),
-            lw.const(np.int64(0), "shift"),
-            lw.zp(0, np.int32, "y_zp"),
-        ],
-        np.int32,
-        "upscale",
-        qmin=-(2**31),
-        qmax=2**31 - 1,
+    return (
+        it
+        if up.m == 1
+        else lw.rescale(it, a, np.int64(up.m), np.int64(0), Affine(1.0, 0, np.int32), "upscale")
     )
 
 

@@ -10,11 +10,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ivit_onnx.affine import Affine
-from ivit_onnx.errors import ConversionError
-from ivit_onnx.graph import const_array, node_label
+from ivit_onnx.graph import const_array
 
 from ..pattern import Op, Rule
-from .lowerer import Outcome, broadcast_scale
+from .lowerer import Outcome
 
 
 class Quantize(Rule):
@@ -41,24 +40,12 @@ class Dequantize(Rule):
     pattern = Op("DequantizeLinear")
 
     def rewrite(self, lw, m):
-        node, x = m.root, m.root.inputs[0]
+        x = m.root.inputs[0]
         src, _ = lw.alias.get(x.name, (x, None))
-        scale = const_array(node.inputs[1]).astype(np.float64)
-        zp = const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else None
-        dtype = zp.dtype if zp is not None else (x.dtype if x.dtype is not None else np.dtype(np.uint8))
-        rank = len(x.shape) if x.shape is not None else 1
-        zp_val = 0
-        if zp is not None and zp.size > 1:
-            if np.any(zp != 0):
-                raise ConversionError(
-                    f"{node_label(node)}: per-channel non-zero zero points are not supported"
-                )
-        elif zp is not None:
-            zp_val = int(zp.reshape(-1)[0])
-        values = const_array(src) if isinstance(src, gs.Constant) else None
-        bound = int(np.max(np.abs(values.astype(np.int64) - zp_val), initial=0)) if values is not None else 0
-        a = Affine(broadcast_scale(scale, node.attrs.get("axis", 1), rank), zp_val, dtype, bound=bound)
-        lw.set(node.outputs[0], src, a)
+        a = lw.q_type(m.root, x)
+        v = const_array(src) if isinstance(src, gs.Constant) else None
+        bound = int(np.max(np.abs(v.astype(np.int64) - a.zero_point), initial=0)) if v is not None else 0
+        lw.set(m.root.outputs[0], src, Affine(a.scale, a.zero_point, a.dtype, bound=bound))
         return Outcome.HANDLED
 
 
