@@ -54,6 +54,16 @@ def _int32(lw, t: gs.Tensor) -> gs.Tensor:
     return t if t.dtype == np.int32 else lw.node("Cast", [t], np.int32, "int32", attrs={"to": np.int32})
 
 
+def _sum(lw, m, it: gs.Tensor, a: Affine, label: str) -> Outcome:
+    """The ReduceSum ``m.root`` of zero-point-free integers ``it`` of type ``a``, in int32: same scale, the
+    bound times the number of terms."""
+    out = _reduce(lw, _int32(lw, it), m.root, "sum")
+    n = _axis_length(m.x, reduce_axes(m.root), lw.opt.max_row)
+    lw.set(m.root.outputs[0], out, Affine(a.scale, 0, np.int32, bound=a.bound * n))
+    lw.ctx.count("lower_integer", label)
+    return Outcome.HANDLED
+
+
 class MaskedMul(Rule):
     """``x * mask`` with a token mask of values 0 (masked) and ``k > 0``: the integers where the mask is
     1, the zero point elsewhere; the scale times ``k``."""
@@ -94,11 +104,7 @@ class MaskCount(Rule):
 
     def rewrite(self, lw, m):
         mask = lookup(lw, m.x)
-        out = _reduce(lw, _int32(lw, mask.keep), m.root, "count")
-        n = _axis_length(m.x, reduce_axes(m.root), lw.opt.max_row)
-        lw.set(m.root.outputs[0], out, Affine(np.float64(mask.on), 0, np.int32, bound=n))
-        lw.ctx.count("lower_integer", self.label)
-        return Outcome.HANDLED
+        return _sum(lw, m, mask.keep, Affine(np.float64(mask.on), 0, np.int32, bound=1), self.label)
 
 
 class IntegerSum(Rule):
@@ -117,12 +123,7 @@ class IntegerSum(Rule):
         return None if got[1].bound * n <= _INT32_MAX else f"a sum of {n} values may overflow int32"
 
     def rewrite(self, lw, m):
-        it, a = lw.symmetric(*lw.get(m.x))
-        out = _reduce(lw, _int32(lw, it), m.root, "sum")
-        n = _axis_length(m.x, reduce_axes(m.root), lw.opt.max_row)
-        lw.set(m.root.outputs[0], out, Affine(a.scale, 0, np.int32, bound=a.bound * n))
-        lw.ctx.count("lower_integer", self.label)
-        return Outcome.HANDLED
+        return _sum(lw, m, *lw.symmetric(*lw.get(m.x)), self.label)
 
 
 def _positive(lw) -> set[str]:

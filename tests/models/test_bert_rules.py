@@ -63,27 +63,26 @@ def test_masked_mean_is_the_exact_rounded_rational(zp_y):
     assert np.mean(got == ref) > 0.95
 
 
-def test_small_additive_mask_is_refused_with_a_reason():
-    """``(1 - mask) * -1``: the float softmax still gives masked keys weight, so it is not a mask."""
+def _masked_softmax(k: float):
+    """``Q(Softmax(DQ(Q(scores)) + (1 - mask) * k))`` with the mask broadcast over queries."""
     g = G()
     scores = g.qdq(g.input("s", [2, 1, 4, 4]), 0.05)
     m = g.node("Cast", [g.input("mask", [2, 4], TensorProto.INT64)], to=TensorProto.FLOAT)
     m = g.node("Unsqueeze", [m, g.const([1, 2], np.int64)])
-    add = g.node("Mul", [g.node("Sub", [g.const(1.0), m]), g.const(-1.0)])
+    add = g.node("Mul", [g.node("Sub", [g.const(1.0), m]), g.const(k)])
     g.output(g.qdq(g.node("Softmax", [g.node("Add", [scores, add])], axis=-1), 1 / 256, 0, np.uint8))
+    return g.model()
+
+
+def test_small_additive_mask_is_refused_with_a_reason():
+    """``(1 - mask) * -1``: the float softmax still gives masked keys weight, so it is not a mask."""
     with pytest.raises(ConversionError, match="do not mask the softmax"):
-        rewrite(g.model())
+        rewrite(_masked_softmax(-1.0))
 
 
 def test_large_additive_mask_gives_exact_zeros():
     """The same graph with -10000: strict, and the masked keys' probabilities are exactly 0."""
-    g = G()
-    scores = g.qdq(g.input("s", [2, 1, 4, 4]), 0.05)
-    m = g.node("Cast", [g.input("mask", [2, 4], TensorProto.INT64)], to=TensorProto.FLOAT)
-    m = g.node("Unsqueeze", [m, g.const([1, 2], np.int64)])
-    add = g.node("Mul", [g.node("Sub", [g.const(1.0), m]), g.const(-10000.0)])
-    g.output(g.qdq(g.node("Softmax", [g.node("Add", [scores, add])], axis=-1), 1 / 256, 0, np.uint8))
-    fq = g.model()
+    fq = _masked_softmax(-10000.0)
     model, _ = rewrite(fq)
     assert float_offenders(model) == []
     rng = np.random.default_rng(1)
