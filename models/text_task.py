@@ -82,3 +82,49 @@ def train_text_bert(
             loss.backward()
             opt.step()
     return model.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ivit_onnx.models.text_task OUT_DIR``: train, export FP32 and fake-quant ONNX, convert in
+    strict mode, and print accuracy (FP32, fake-quant, integer) and integer vs fake-quant agreement."""
+    import argparse
+    from pathlib import Path
+
+    import numpy as np
+
+    from ivit_onnx import rewrite
+    from ivit_onnx.runners import make_runner
+
+    from .bert import export_bert, fake_quant_bert
+    from .runtime import ort_session
+
+    p = argparse.ArgumentParser(prog="python -m ivit_onnx.models.text_task", description=main.__doc__)
+    p.add_argument("out", type=Path, help="folder for text_fp32.onnx, text_fq.onnx, text_int.onnx")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--train", type=int, default=1024, help="training sentences")
+    p.add_argument("--test", type=int, default=1000, help="held-out sentences")
+    p.add_argument("--backend", default="library", help="integer backend: library, functions or reference")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = train_text_bert(epochs=args.epochs, n_train=args.train)
+    paths = {k: args.out / f"text_{k}.onnx" for k in ("fp32", "fq", "int")}
+    export_bert(model, paths["fp32"], seq=16)
+    export_bert(
+        fake_quant_bert(model, [make_split(64, 100 + i).feeds for i in range(4)]), paths["fq"], seq=16
+    )
+    int_model, report = rewrite(paths["fq"], paths["int"])
+    print(report.summary())
+    test = make_split(args.test, 7)
+    logits = {k: ort_session(paths[k]).run(None, test.feeds)[0] for k in ("fp32", "fq")}
+    runner = make_runner(args.backend, int_model)
+    logits["int"] = runner.run(test.feeds)[runner.output_names[0]]
+    for k, v in logits.items():
+        acc = 100 * np.mean(v.argmax(1) == test.labels)
+        print(f"accuracy {k:5s} {acc:6.2f}%  ({len(test.labels)} sentences)")
+    agree = 100 * np.mean(logits["int"].argmax(1) == logits["fq"].argmax(1))
+    print(f"top-1 agreement int vs fake-quant {agree:.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -207,8 +207,7 @@ class TokenMaskedAdd(Rule):
         masked = lw.node("Equal", [mask.keep, zero], np.bool_, "masked")
         out, t = masked_scores(lw, *lw.get(scores), masked, softmax_after(m.root.outputs[0]))
         out.shape = m.root.outputs[0].shape
-        lw.set(m.root.outputs[0], out, t)
-        lw.ctx.count("lower_integer", self.label)
+        lw.set(m.root.outputs[0], out, t)  # masked_scores counts it ("attention mask (Where)")
         return Outcome.HANDLED
 
 

@@ -73,7 +73,7 @@ def test_strict_no_float_tensor_and_op_counts(trained):
     for float_op in ("MatMul", "Gemm", "Softmax", "LayerNormalization", "Erf"):
         assert float_op not in counts
     lowered = report.counts["lower_integer"]
-    assert lowered["attention mask from the input (Where)"] == LAYERS
+    assert lowered["attention mask (Where)"] == LAYERS
     assert lowered["masked mean (integer division)"] == 1
     inits = {i.name: i for i in model.graph.initializer}
     lookups = [n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits]
@@ -117,7 +117,7 @@ def test_variants_strict_and_accurate(variant, bert, trained, test_split, tmp_pa
     export_bert(fake_quant_bert(model, _calibration(), **options), tmp_path / "fq.onnx", seq=SEQ)
     int_model, report = rewrite(tmp_path / "fq.onnx")
     assert float_offenders(int_model) == [] and report.notes["float_islands"] == []
-    assert report.counts["lower_integer"]["attention mask from the input (Where)"] == LAYERS
+    assert report.counts["lower_integer"]["attention mask (Where)"] == LAYERS
     _check_accuracy(variant, tmp_path / "fq.onnx", trained[1], int_model, test_split)
 
 
