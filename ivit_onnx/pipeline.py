@@ -97,8 +97,12 @@ class Report:
             lines.append(f"integer MACs: {n['integer_mac_percent']:.2f}% of {n['total_macs']:,}")
         if "max_dyadic_rel_error" in n:
             lines.append(f"largest dyadic error: {n['max_dyadic_rel_error']:.3g} (relative)")
-        islands = n.get("float_islands", [])
-        lines.append(f"float islands: {len(islands)}" + ("" if not islands else " — " + "; ".join(islands)))
+        islands, why = n.get("float_islands", []), n.get("float_island_reasons", {})
+        named = [f"{i}: {why[i]}" if i in why else i for i in islands]
+        lines.append(f"float islands: {len(islands)}" + ("" if not islands else " — " + "; ".join(named)))
+        declined = {k: v for k, v in n.get("declined", {}).items() if k not in why}
+        if declined:  # fusions that did not fire, and why (the island they leave names its own reason)
+            lines.append("declined: " + "; ".join(f"{k}: {v}" for k, v in sorted(declined.items())))
         return "\n".join(lines)
 
 

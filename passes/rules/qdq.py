@@ -10,10 +10,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ivit_onnx.affine import Affine
-from ivit_onnx.graph import const_array
+from ivit_onnx.errors import ConversionError
+from ivit_onnx.graph import const_array, node_label
 
 from ..pattern import Op, Rule
-from .lowerer import Outcome
+from .lowerer import Outcome, optional_input
 
 
 class Quantize(Rule):
@@ -56,23 +57,19 @@ class Clip(Rule):
     pattern = Op("Clip")
 
     def check(self, lw, m):
-        if m.root.inputs[0].name not in lw.alias:
-            return "input is not a QuantizeLinear output (a float Clip)"
-        bounds = [const_array(t) if t.name else None for t in m.root.inputs[1:3]]
-        if len(bounds) < 2 or any(b is None or b.dtype.kind not in "iu" for b in bounds):
-            return "min and max are not integer constants"
-        return None
+        return None if m.root.inputs[0].name in lw.alias else "a float Clip (not of a QuantizeLinear output)"
 
     def rewrite(self, lw, m):
         it, t = lw.alias[m.root.inputs[0].name]
-        lo, hi = (int(const_array(b).reshape(-1)[0]) for b in m.root.inputs[1:3])
-        out = lw.node(
-            "Clip",
-            [it, lw.zp(lo, t.dtype, "min"), lw.zp(hi, t.dtype, "max")],
-            t.dtype,
-            "clip",
-            shape=it.shape,
-        )
+        ends = zip((optional_input(m.root, 1), optional_input(m.root, 2)), t.qrange, strict=True)
+        values = [const_array(b) if b is not None else np.array(e) for b, e in ends]
+        if any(v is None or v.dtype.kind not in "iu" for v in values):
+            raise ConversionError(
+                f"{node_label(m.root)}: the bounds of an integer Clip are not integer constants"
+            )
+        lo, hi = (int(v.reshape(-1)[0]) for v in values)
+        mins = [lw.zp(lo, t.dtype, "min"), lw.zp(hi, t.dtype, "max")]
+        out = lw.node("Clip", [it, *mins], t.dtype, "clip", shape=it.shape)
         bound = max(abs(lo - t.zero_point), abs(hi - t.zero_point))
         lw.alias[m.root.outputs[0].name] = (out, Affine(t.scale, t.zero_point, t.dtype, bound=bound))
         lw.ctx.count("lower_integer", "QCDQ Clip (narrow range)")
