@@ -222,31 +222,57 @@ def fake_quant_bert(
 
 
 def export_bert(
-    model: BertForSequenceClassification, path: str | Path, opset: int = 17, seq: int = 8
+    model: BertForSequenceClassification,
+    path: str | Path,
+    opset: int = 17,
+    seq: int = 8,
+    exporter: str = "torchscript",
 ) -> None:
-    """TorchScript export (float or fake-quant) with dynamic batch and sequence axes, IR version 10;
-    int16 Q/DQ (``residual_bits=16``) is moved to opset 21 as ``models.export`` does for the ViTs."""
+    """Export (float or fake-quant) with dynamic batch and sequence axes, IR version 10, with the
+    ``"torchscript"`` or the ``"dynamo"`` exporter (which starts at opset 18); int16 Q/DQ
+    (``residual_bits=16``) is moved to opset 21 as ``models.export`` does for the ViTs."""
     import onnx
 
-    from .export import INT16_MIN_OPSET, _convert_opset, _has_int16_qdq
-    from .quant import register_torchscript_symbolics
+    from .export import DYNAMO_MIN_OPSET, EXPORTERS, INT16_MIN_OPSET, _convert_opset, _has_int16_qdq
+    from .quant import onnx_translation_table, register_torchscript_symbolics
 
-    register_torchscript_symbolics()
+    if exporter not in EXPORTERS:
+        raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
     feeds = example_inputs(model.config, 2, seq)
     args = tuple(torch.from_numpy(feeds[k]) for k in INPUT_NAMES)
-    axes = {k: {0: "batch", 1: "sequence"} for k in INPUT_NAMES}
+    common = dict(input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME])
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model.eval(),
-            args,
-            str(path),
-            dynamo=False,
-            opset_version=opset,
-            input_names=list(INPUT_NAMES),
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={**axes, OUTPUT_NAME: {0: "batch"}},
-        )
+        if exporter == "torchscript":
+            register_torchscript_symbolics()
+            axes = {k: {0: "batch", 1: "sequence"} for k in INPUT_NAMES}
+            dynamic = {**axes, OUTPUT_NAME: {0: "batch"}}
+            torch.onnx.export(
+                model.eval(),
+                args,
+                str(path),
+                dynamo=False,
+                opset_version=opset,
+                dynamic_axes=dynamic,
+                **common,
+            )
+        else:
+            dims = {
+                0: torch.export.Dim("batch"),
+                1: torch.export.Dim("sequence", max=model.config.max_position_embeddings),
+            }
+            torch.onnx.export(
+                model.eval(),
+                args,
+                str(path),
+                dynamo=True,
+                opset_version=max(opset, DYNAMO_MIN_OPSET),
+                external_data=False,
+                dynamic_shapes=tuple(dims for _ in INPUT_NAMES),
+                custom_translation_table=onnx_translation_table(),
+                verbose=False,
+                **common,
+            )
     m = onnx.load(str(path))
     if opset < INT16_MIN_OPSET and _has_int16_qdq(m):
         m = _convert_opset(m, INT16_MIN_OPSET)

@@ -99,22 +99,26 @@ def test_accuracy_and_agreement_vs_fake_quant(trained, test_split):
     _check_accuracy("int8, arith mask", trained[0], trained[1], trained[2], test_split)
 
 
-#: the trained weights with the Where(mask, 0, finfo.min) mask, uint8 activations, an int16 residual
+#: the trained weights with the Where(mask, 0, finfo.min) mask, uint8 activations, an int16 residual, and
+#: exported by dynamo: (config, quantization options, export options)
 VARIANTS = {
-    "where_mask": ({"mask_form": "where"}, {}),
-    "uint8_activations": ({}, {"act_dtype": "uint8"}),
-    "int16_residual": ({}, {"residual_bits": 16}),
+    "where_mask": ({"mask_form": "where"}, {}, {}),
+    "uint8_activations": ({}, {"act_dtype": "uint8"}, {}),
+    "int16_residual": ({}, {"residual_bits": 16}, {}),
+    "dynamo": ({}, {}, {"exporter": "dynamo"}),
 }
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize(
+    "variant", [pytest.param(v, marks=pytest.mark.slow) if v == "dynamo" else v for v in sorted(VARIANTS)]
+)  # dynamo: its export alone takes ~15 s
 def test_variants_strict_and_accurate(variant, bert, trained, test_split, tmp_path):
-    config, options = VARIANTS[variant]
+    config, options, export = VARIANTS[variant]
     model = bert
     if config:
         model = bert_tiny(**{**dataclasses.asdict(bert.config), **config})
         model.load_state_dict(bert.state_dict())
-    export_bert(fake_quant_bert(model, _calibration(), **options), tmp_path / "fq.onnx", seq=SEQ)
+    export_bert(fake_quant_bert(model, _calibration(), **options), tmp_path / "fq.onnx", seq=SEQ, **export)
     int_model, report = rewrite(tmp_path / "fq.onnx")
     assert float_offenders(int_model) == [] and report.notes["float_islands"] == []
     assert report.counts["lower_integer"]["attention mask (Where)"] == LAYERS
