@@ -5,6 +5,8 @@ keeps its fake-quant accuracy."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import onnx
 import pytest
@@ -131,3 +133,40 @@ def test_swin_tvm_llvm_bit_exact(tmp_path):
     expected = _run("library", model, x)["logits"]
     art = compile_model(model, shape={"input": list(x.shape)})
     np.testing.assert_array_equal(art.run({"input": x})[0], expected)
+
+
+def _cuda_build(tmp_path, arch: str):
+    pytest.importorskip("tvm")
+    from ivit_onnx.tvm_backend import compile_model
+
+    model, _ = rewrite(_fake_quant(tmp_path, "padded")[0])
+    return model, compile_model(model, target="cuda", arch=arch, shape={"input": [16, 3, 28, 28]})
+
+
+@pytest.mark.slow
+@pytest.mark.tvm
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_swin_cuda_codegen(tmp_path):
+    """CUDA source and PTX without a GPU: every kernel traced, every GEMM on int8 tensor cores but the
+    patch embedding's (its layout change sits before the bias) and the 10-class head's (N < 16: dp4a)."""
+    from ivit_onnx.tvm_backend.cuda import cuda_sources, int8_instructions, to_ptx
+    from ivit_onnx.tvm_backend.proxies import measure
+
+    _, art = _cuda_build(tmp_path, "sm_90")
+    (source,) = cuda_sources(art.module)
+    ptx = to_ptx(source, "sm_90")
+    p = measure(art.module.as_text(), source, ptx)
+    assert p.untraced == [] and p.gemms == 27 and p.int8_tc_gemms == p.gemms - 2, p
+    assert int8_instructions(ptx).get("wmma.mma.sync.aligned.row.col.m16n16k16.s32.s8.s8.s32", 0) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.tvm
+def test_swin_bit_exact_on_gpu(tmp_path):
+    tvm = pytest.importorskip("tvm")
+    if not tvm.cuda(0).exist:
+        pytest.skip("no CUDA device")
+    major, minor = tvm.cuda(0).compute_version.split(".")
+    model, art = _cuda_build(tmp_path, f"sm_{major}{minor}")
+    x = _images(16, 9, 28)
+    np.testing.assert_array_equal(art.run({"input": x})[0], _run("library", model, x)["logits"])
