@@ -28,6 +28,8 @@ from .mask import MaskError, fill_type, masked_scores, softmax_after, softmax_ro
 #: layout ops applied to the integer mask as they are (their other inputs are shapes/axes/indices)
 LAYOUT = ("Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Transpose", "Identity")
 _ARITH = ("Add", "Sub", "Mul", "Div")
+#: graph input types taken for a 0/1 mask (int8/uint8 inputs are quantized data, not masks)
+_MASK_DTYPES = (np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.bool_))
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def _from_graph_input(lw, t: gs.Tensor) -> bool:
         if p is None or p.op not in LAYOUT:
             return False
         t = p.inputs[0]
-    return t.dtype is not None and np.dtype(t.dtype).kind in "iub"
+    return t.dtype is not None and np.dtype(t.dtype) in _MASK_DTYPES
 
 
 def _cast(value, to_dtype) -> np.float32:
