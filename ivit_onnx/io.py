@@ -203,9 +203,14 @@ def fold_quantized_weights(model: onnx.ModelProto) -> onnx.ModelProto:
 MIN_OPSET = 15
 
 
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain (``""``/``ai.onnx``) opset version, 0 when it imports none."""
+    return next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
+
+
 def ensure_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     """Models at opset 13 or 14 are converted up to 15: the private ops' bodies need CastLike."""
-    version = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
+    version = default_opset(model)
     if version >= MIN_OPSET or version < 13:
         return model
     from onnx import version_converter
@@ -214,7 +219,7 @@ def ensure_opset(model: onnx.ModelProto) -> onnx.ModelProto:
         return version_converter.convert_version(model, MIN_OPSET)
     except Exception as e:  # noqa: BLE001 - the converter raises several types; one line for the user
         raise ConversionError(
-            f"cannot upgrade opset {version} to {MIN_OPSET}: {str(e).splitlines()[0]}"
+            f"cannot upgrade opset {version} to {MIN_OPSET}: {one_line(e)}"
         ) from None
 
 

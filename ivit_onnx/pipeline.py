@@ -20,7 +20,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from .errors import ConversionError, one_line
-from .io import atomic_output, ensure_opset, fold_quantized_weights, load_model, skeleton
+from .io import atomic_output, default_opset, ensure_opset, fold_quantized_weights, load_model, skeleton
 
 
 @dataclass
@@ -162,7 +162,7 @@ class Pipeline:
             raise ConversionError(f"shape inference failed: {one_line(e)}") from None
         del proto.graph.value_info[:]
         proto.graph.value_info.extend(inferred.graph.value_info)
-        opset = next((i.version for i in proto.opset_import if i.domain in ("", "ai.onnx")), 0)
+        opset = default_opset(proto)
         try:
             graph = gs.import_onnx(proto)
             _own_values(graph)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import onnx
 
-from .io import check_output_path, save_model
+from .errors import ConversionError, one_line
+from .io import check_output_path, save_model, skeleton
 from .pipeline import Options, Pipeline, Report
 
 
@@ -25,14 +26,20 @@ def rewrite(
     ModelProto's external data files (default: the current one). ``external_data``: write the weights to
     ``<output>.data`` (None: only when the model exceeds protobuf's 2 GiB).
     """
-    from ivit_onnx.passes.finalize import check
-
     if output is not None:
         check_output_path(output)  # before the work, naming the path the user gave
     pipe = pipeline or Pipeline.default()
     out, report = pipe.run(model, Options(**options), stop_after=stop_after, base_dir=base_dir)
     if stop_after is None or stop_after == pipe.names[-1]:
-        check(out)
+        _check(out)
     if output is not None:
         save_model(out, output, external_data)
     return out, report
+
+
+def _check(model: onnx.ModelProto) -> None:
+    """Full onnx check (with shape inference through the function bodies); one-line error."""
+    try:  # on the weight-free skeleton: the same check, without copies of the weights
+        onnx.checker.check_model(skeleton(model), full_check=True)
+    except Exception as e:  # noqa: BLE001 - ValidationError, InferenceError, and the checker's C++ errors
+        raise ConversionError(f"output fails the ONNX check: {one_line(e)}") from None

@@ -113,8 +113,8 @@ def check_onnx(model: onnx.ModelProto) -> Check:
 
 def check_opset(model: onnx.ModelProto) -> list[Check]:
     """The private-opset check and, separately, whether the bodies are this package's canonical ones."""
+    from ivit_onnx.io import default_opset
     from ivit_onnx.opset import DOMAIN, OPS, VERSION
-    from ivit_onnx.opset.functions import default_opset
 
     name = f"private opset {DOMAIN} v{VERSION}"
     try:
@@ -132,6 +132,8 @@ def check_opset(model: onnx.ModelProto) -> list[Check]:
     stale = []
     try:
         opset = default_opset(model)
+        if not opset:
+            raise ValueError("model imports no default-domain opset")
         for op, f in sorted(funcs.items()):
             if op in OPS and OPS[op].function(opset).SerializeToString() != _canonical(f):
                 stale.append(f"{op}: body differs from ivit_onnx.opset's (re-attach with attach_functions)")

@@ -9,6 +9,8 @@ import onnx
 import torch
 from onnx import version_converter
 
+from ivit_onnx.io import default_opset
+
 from . import quant
 
 EXPORTERS = ("torchscript", "dynamo")
@@ -43,11 +45,6 @@ def _has_int16_qdq(model: onnx.ModelProto) -> bool:
         n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2 and n.input[2] in int16
         for n in model.graph.node
     )
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    """The model's opset version for the default ONNX domain."""
-    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
 def _convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
@@ -128,7 +125,7 @@ def export_onnx(
     model = onnx.load(str(path))
     if opset < INT16_MIN_OPSET and _has_int16_qdq(model):
         opset = INT16_MIN_OPSET
-    if _default_opset(model) != opset:
+    if default_opset(model) != opset:
         model = _convert_opset(model, opset)
     model.ir_version = min(model.ir_version, IR_VERSION)
     onnx.checker.check_model(model, full_check=True)

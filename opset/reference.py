@@ -12,6 +12,8 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from ivit_onnx.io import default_opset
+
 from . import OPS
 from ._spec import DOMAIN
 
@@ -78,10 +80,6 @@ class DequantizeLinear(OpRun):
 
 
 QDQ_CLASSES = [QuantizeLinear, DequantizeLinear]
-
-
-def default_opset(model: onnx.ModelProto) -> int:
-    return next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
 
 
 def evaluator(model: onnx.ModelProto, **kwargs) -> ReferenceEvaluator:

@@ -5,7 +5,8 @@ So the output runs in stock onnxruntime and ``onnx.reference`` with no extra lib
 
 from __future__ import annotations
 
-from ivit_onnx.opset import DOMAIN, OPS, VERSION
+from ivit_onnx.opset import DOMAIN, VERSION
+from ivit_onnx.opset.functions import with_bodies
 from ivit_onnx.pipeline import Context, Pass
 
 
@@ -16,9 +17,7 @@ class AttachFunctions(Pass):
 
     def run(self, ctx: Context) -> bool:
         used = sorted({n.op for n in ctx.graph.nodes if n.domain == DOMAIN})
-        ctx.functions = [f for f in ctx.functions if f.domain != DOMAIN] + [
-            OPS[op].function(ctx.opset) for op in used
-        ]
+        ctx.functions = with_bodies(ctx.functions, used, ctx.opset)
         if used:
             ctx.opset_imports[DOMAIN] = VERSION
         ctx.count(self.name, "functions", len(used))
