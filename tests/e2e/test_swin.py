@@ -94,6 +94,7 @@ def test_swin_converts_strict_and_bit_exact(name, tmp_path):
     for float_op in ("MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization", "Erf", "ReduceMean"):
         assert float_op not in counts
     x = _images(4, 7, CONFIGS[name][0]["img_size"])
+    _check_masked_zero(model, blocks, x)
     outs = {b: _run(b, model, x)["logits"] for b in ("library", "functions", "reference")}
     np.testing.assert_array_equal(outs["functions"], outs["library"])
     np.testing.assert_array_equal(outs["reference"], outs["library"])
@@ -102,6 +103,18 @@ def test_swin_converts_strict_and_bit_exact(name, tmp_path):
         np.linalg.norm(fq, axis=1) * np.linalg.norm(outs["library"], axis=1)
     )
     assert cos.min() >= 0.99, cos
+
+
+def _check_masked_zero(model: onnx.ModelProto, blocks: list, x: np.ndarray) -> None:
+    """Each shifted block's Shiftmax (in graph order) writes 0 wherever its torch block's mask is -100 (with
+    onnxruntime's QDQ the mask is inside the quantized scores: checked here, not proven)."""
+    shiftmax = [n.output[0] for n in model.graph.node if n.op_type == "Shiftmax"]
+    got = _run("library", model, x, shiftmax)
+    for block, out in zip(blocks, shiftmax, strict=True):
+        if block.attn_mask is not None:
+            masked = block.attn_mask.numpy() < 0
+            p = got[out].reshape(-1, masked.shape[0], *got[out].shape[1:])
+            assert np.all(p[np.broadcast_to(masked[None, :, None], p.shape)] == 0)
 
 
 def test_masked_probabilities_are_exactly_zero(tmp_path):
