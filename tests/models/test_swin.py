@@ -129,3 +129,16 @@ def test_dynamo_export_matches_torch(tiny_swin, tmp_path):
     model = export_onnx(fq, x, tmp_path / "swin.onnx", exporter="dynamo")
     with torch.no_grad():
         assert cosine(run_onnx(model, images(3, 4).numpy()), fq(images(3, 4)).numpy()) > 0.99
+
+
+def test_maps_that_windows_do_not_divide_are_padded():
+    model = swin_module.swin(28, 2, 3, 10, 16, (2, 2), (1, 2), 4, 2.0).eval()  # maps 14 and 7, windows 4
+    assert [(b.resolution, b.padded, b.shift) for s in model.layers for b in s.blocks] == [
+        (14, 16, 0),
+        (14, 16, 2),
+        (7, 8, 0),
+        (7, 8, 2),
+    ]
+    assert model.layers[0].blocks[1].attn_mask.shape == (16, 16, 16)  # the padded map's 4x4 windows
+    with torch.no_grad():
+        assert model(images(2, 0)[:, :, :28, :28]).shape == (2, 10)
