@@ -5,6 +5,7 @@
     python benchmarks/bench_tvm.py INT.onnx FP32.onnx [--trials 0] [--tune-dir DIR] [--batch 8]
                                    [--threads 2] [--iters 20] [--json OUT]
     python benchmarks/bench_tvm.py --demo [--batch 8] ...    # a hand-built DeiT-Tiny-sized block pair
+    python benchmarks/bench_tvm.py INT.onnx FP32.onnx --compile-only   # compile times only, int vs fp32
 
 Both models are compiled for the host CPU with the same meta-schedule budget (``--trials`` each, separate
 databases under ``--tune-dir`` so reruns reuse them); onnxruntime runs the FP32 model and, for reference,
@@ -41,6 +42,7 @@ def _parse(argv):
     p.add_argument("--iters", type=int, default=20, help="timed rounds")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--compile-only", action="store_true", help="compile both, print the times, run nothing")
     args = p.parse_args(argv)
     if not args.demo and not (args.int_model and args.fp32_model):
         p.error("give INT and FP32 model paths, or --demo")
@@ -205,6 +207,13 @@ def main(argv=None) -> int:
 
     tvm_int, tvm_int_out, int_s = _tvm_runner(int_path, int_specs, int_feeds, args.trials, tune_dir / "int")
     tvm_fp32, _, fp32_s = _tvm_runner(fp32_path, fp32_specs, fp32_feeds, args.trials, tune_dir / "fp32")
+    compile_line = (
+        f"compile (llvm, int first in this process): int {int_s:.1f} s, fp32 {fp32_s:.1f} s, "
+        f"int/fp32 {int_s / fp32_s:.2f}x"
+    )
+    if args.compile_only:
+        print(f"batch {args.batch}, {args.trials} trials per model; {compile_line}")
+        return 0
     ort_fp32 = _ort_runner(fp32_path, fp32_feeds, args.threads)
     from ivit_onnx.opset.functions import attach_functions
 
@@ -217,7 +226,7 @@ def main(argv=None) -> int:
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     tuning = f"{args.trials} new trials per model" + (" + stored database" if args.tune_dir else "")
     print(f"batch {args.batch}, {args.threads} threads, {tuning}, {args.iters} rounds; "
-          f"compile: int {int_s:.0f} s, fp32 {fp32_s:.0f} s; TVM int == ORT int bit-exact: {exact}")
+          f"{compile_line}; TVM int == ORT int bit-exact: {exact}")
     print(f"{'runner':<18}{'median ms':>11}{'p10':>9}{'p90':>9}{'vs ort fp32':>13}")
     for name, v in times.items():
         q = statistics.quantiles([x * 1e3 for x in v], n=10) if len(v) > 1 else [med[name]] * 9

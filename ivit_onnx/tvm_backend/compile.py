@@ -97,6 +97,8 @@ def import_relax(model: onnx.ModelProto, inputs: list[dict], int8: bool = True) 
     with ivit_converters():
         mod = from_onnx(model, shape_dict={i["name"]: i["shape"] for i in inputs},
                         dtype_dict={i["name"]: i["dtype"] for i in inputs}, keep_params_in_input=False)
+    # converters that take a producer into their kernel (kernels.frontend._Import) leave it unused
+    mod = relax.transform.DeadCodeElimination()(mod)
     return int8_matmul(mod) if int8 else (mod, 0)
 
 

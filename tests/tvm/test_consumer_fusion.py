@@ -131,3 +131,62 @@ def test_row_kernels_compute_their_own_row_on_cuda():
     for name, kernel in rows.items():
         sizes = {int(s) for s in re.findall(r"alignas\(\d+\) [\w ]+?_local_ptr\[(\d+)\];", kernel.body)}
         assert sizes == {1}, (name, sizes)
+
+
+def patch_model(per_channel: bool) -> onnx.ModelProto:
+    """A patch embedding as the rewriter emits it: ConvInteger (kernel == stride) + int32 bias, a widening
+    Requantize, ``flatten(2).transpose(1, 2)`` and the int8 Requantize."""
+    rng = np.random.default_rng(3)
+    o, i64 = 16, np.int64
+    m_shape = (o, 1, 1) if per_channel else ()
+    c = {
+        "w": rng.integers(-128, 128, (o, 3, 4, 4)).astype(np.int8),
+        "bias": rng.integers(-(2**12), 2**12, (o, 1, 1)).astype(np.int32),
+        "i32_zp": np.int32(0),
+        "i8_zp": np.int8(-3),
+        "w_m": rng.integers(1 << 20, 1 << 21, m_shape).astype(i64),
+        "w_c": np.full(m_shape, 19, i64),
+        "o_m": i64(1 << 20),
+        "o_c": i64(27),
+        "flat": np.array([0, o, -1], i64),
+    }
+    nodes = [
+        helper.make_node("ConvInteger", ["x", "w"], ["acc"], kernel_shape=[4, 4], strides=[4, 4]),
+        helper.make_node("Add", ["acc", "bias"], ["accb"]),
+        OPS["Requantize"].make_node(
+            ["accb", "i32_zp", "w_m", "w_c", "i32_zp"], ["wide"], qmin=-(2**31), qmax=2**31 - 1
+        ),
+        helper.make_node("Reshape", ["wide", "flat"], ["flat_out"]),
+        helper.make_node("Transpose", ["flat_out"], ["tokens"], perm=[0, 2, 1]),
+        OPS["Requantize"].make_node(["tokens", "i32_zp", "o_m", "o_c", "i8_zp"], ["y"], qmin=-128, qmax=127),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "patch",
+        [helper.make_tensor_value_info("x", TensorProto.INT8, [2, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.INT8, [2, 16, o])],
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in c.items()],
+    )
+    return attach_functions(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    )
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_patch_embedding_epilogue_fuses_into_the_gemm(per_channel):
+    """The layout round trip is undone at import (``kernels.layout``): bias, both Requantizes and the GEMM are
+    one fused function, and the result equals the numpy reference on llvm."""
+    model = patch_model(per_channel)
+    names = _fused_names(model)
+    gemm = [n for n in names if "matmul" in n]
+    assert (
+        len(gemm) == 1 and gemm[0].startswith("fused_matmul_add_") and gemm[0].count("ivit_requantize") == 2
+    )
+    assert len(names) == 2, names  # the other: gathering the patches (reshape, transpose, reshape)
+    rng = np.random.default_rng(4)
+    for x in (
+        rng.integers(-128, 128, (2, 3, 16, 16)).astype(np.int8),
+        np.full((2, 3, 16, 16), -128, np.int8),
+    ):
+        (out,) = compile_model(model).run({"x": x})
+        np.testing.assert_array_equal(out, evaluator(model).run(None, {"x": x})[0])

@@ -21,7 +21,7 @@ from tvm import relax
 from ...opset import OPS
 from ..relax_expr import const_value
 from ..relax_expr import dtype as _dtype
-from . import elementwise, rows
+from . import elementwise, layout, rows
 
 #: relay's OpPatternKind: FuseOps never fuses kOpaque; a GEMM (kOutEWiseFusable) takes consumers up to
 #: kBroadcast, but FuseOps refuses a kBroadcast whose argument (the table) does not broadcast: kElemWise
@@ -65,7 +65,8 @@ class _Import:
       the row kernel, so the GEMM before it stores int8 and nothing writes int32 to global memory;
     - ``MatMulInteger(Shiftmax(.., uint8 zy), ..)``: the row kernel writes ``y - 128`` as int8 (zero point
       ``zy - 128``; the same integers, as the opset's int8 form of Shiftmax), so the int8 GEMM needs no
-      separate shift of its uint8 operand.
+      separate shift of its uint8 operand;
+    - ``Transpose(0,2,1)`` ending the patch embedding's layout round trip: :mod:`.layout`.
     """
 
     def __init__(self):
@@ -75,8 +76,11 @@ class _Import:
         return self.emitted.get(expr) if isinstance(expr, relax.Var) else None
 
     def convert(self, op: str, bb: relax.BlockBuilder, inputs: list, attr: dict):
-        inputs = list(inputs)
-        attrs = _attrs(op, attr)
+        """The converter of private op ``op`` (``attr``: the ONNX node's attributes)."""
+        return self.emit(op, bb, list(inputs), _attrs(op, attr))
+
+    def emit(self, op: str, bb: relax.BlockBuilder, inputs: list, attrs: dict):
+        """Check, emit and record a call of ``op``'s kernel (``attrs``: its integer attributes)."""
         _check(op, inputs, attrs)
         out = self._emit(op, bb, inputs, attrs)
         self.emitted[out] = _Emitted(op, inputs, attrs)
@@ -118,7 +122,7 @@ class _Import:
             return inputs
         shifted = relax.const((zy.astype(np.int16) - 128).astype(np.int8))
         za8 = relax.const((za_value.reshape(()).astype(np.int16) - 128).astype(np.int8))
-        a8 = self.convert("Shiftmax", bb, [src.inputs[0], shifted], src.attrs)
+        a8 = self.emit("Shiftmax", bb, [src.inputs[0], shifted], src.attrs)
         return [a8, inputs[1], za8, inputs[3]]
 
 
@@ -139,7 +143,7 @@ def _emit_shiftgelu(bb: relax.BlockBuilder, inputs: list, attrs: dict, name: str
 
 
 def _converter_classes(state: _Import) -> dict:
-    """Converter classes: one per private op; MatMulInteger through :meth:`_Import.matmul_inputs`."""
+    """Converter classes: one per private op; MatMulInteger and Transpose through :class:`_Import`."""
     from tvm.relax.frontend.onnx import onnx_frontend as fe
 
     def private(op):
@@ -151,18 +155,26 @@ def _converter_classes(state: _Import) -> dict:
     def _impl_v10(cls, bb, inputs, attr, params):
         return fe.MatMulInteger._impl_v10(bb, state.matmul_inputs(bb, inputs), attr, params)
 
+    def _impl_v13(cls, bb, inputs, attr, params):
+        if list(attr.get("perm", ())) == [0, 2, 1]:
+            out = layout.undo_round_trip(state, bb, inputs[0])
+            if out is not None:
+                return out
+        return fe.Transpose._impl_v13(bb, inputs, attr, params)
+
     table = {op: private(op) for op in OPS}
     table["MatMulInteger"] = type(
         "IvitMatMulInteger", (fe.MatMulInteger,), {"_impl_v10": classmethod(_impl_v10)}
     )
+    table["Transpose"] = type("IvitTranspose", (fe.Transpose,), {"_impl_v13": classmethod(_impl_v13)})
     return table
 
 
 @contextlib.contextmanager
 def ivit_converters():
     """Within this block, ``from_onnx`` converts ``Requantize``, ``IAdd``, ``ShiftGELU``, ``Shiftmax`` and
-    ``ILayerNorm`` nodes to the kernels of this package, and MatMulInteger through :class:`_Import` (the
-    frontend's table is restored on exit)."""
+    ``ILayerNorm`` nodes to the kernels of this package, MatMulInteger and Transpose through
+    :class:`_Import` (the frontend's table is restored on exit)."""
     from tvm.relax.frontend.onnx import onnx_frontend as fe
 
     original = fe._get_convert_map
