@@ -83,7 +83,8 @@ class OrtRunner(Runner):
     """onnxruntime on the CPU; ``backend`` is ``library``, ``functions`` or ``onnxruntime`` (plain)."""
 
     def __init__(self, model: onnx.ModelProto, backend: str = "onnxruntime", threads: int | None = None,
-                 u8_gemm: bool | None = None, bias_fold: bool = True, patch_gemm: bool = True):
+                 u8_gemm: bool | None = None, bias_fold: bool = True, patch_gemm: bool = True,
+                 chain_fold: bool = True):
         super().__init__(model, threads)
         if backend not in ("library", "functions", "onnxruntime"):
             raise ValueError(f"unknown onnxruntime backend {backend!r}")
@@ -97,7 +98,31 @@ class OrtRunner(Runner):
         self.bias_folds = 0  # how many it folded
         self.patch_gemm = patch_gemm  # library: patch ConvInteger as MatMulInteger (ivit_onnx.patch_gemm)
         self.patch_gemms = 0  # how many it rewrote
+        self.chain_fold = chain_fold  # library: Requantize + elementwise ops as one lookup (chain_fold)
+        self.chain_folds = 0  # how many it folded
         self._run_model = None
+
+    def session_model(self, extra: tuple[str, ...] = ()) -> onnx.ModelProto:
+        """The model this runner's session loads: the library backend's session-time rewrites applied to it
+        where the native library runs it (``extra``: intermediates that must survive them)."""
+        model = self._prepared()
+        from ivit_onnx.opset import native_kernels
+
+        if self.name != "library" or not native_kernels.available():
+            return model
+        if self.bias_fold:
+            from ivit_onnx.bias_fold import fold_bias
+
+            model, self.bias_folds = fold_bias(model, keep=set(extra))
+        if self.patch_gemm:
+            from ivit_onnx.patch_gemm import patch_gemm
+
+            model, self.patch_gemms = patch_gemm(model)
+        if self.chain_fold:
+            from ivit_onnx.chain_fold import fold_chains
+
+            model, self.chain_folds = fold_chains(model, keep=set(extra))
+        return model
 
     def _session(self, extra: tuple[str, ...]):
         if extra not in self._sessions:
@@ -111,19 +136,11 @@ class OrtRunner(Runner):
             if self.threads:
                 opts.intra_op_num_threads = self.threads
                 opts.inter_op_num_threads = 1
-            model = self._prepared()
+            model = self.session_model(extra)
             if self.name == "library":
                 from ivit_onnx.opset import native_kernels, ort_library
 
                 native_kernels.set_threads(self.threads)  # the fallback's kernels (the library: ORT's pool)
-                if native_kernels.available() and self.bias_fold:
-                    from ivit_onnx.bias_fold import fold_bias
-
-                    model, self.bias_folds = fold_bias(model, keep=set(extra))
-                if native_kernels.available() and self.patch_gemm:
-                    from ivit_onnx.patch_gemm import patch_gemm
-
-                    model, self.patch_gemms = patch_gemm(model)
                 model = ort_library.register(opts, model)
             if extra:
                 model = with_outputs(model, list(extra))
@@ -157,6 +174,7 @@ class OrtRunner(Runner):
                 if self.u8_gemm else "int8 GEMMs as converted")
         folds = f"; {self.bias_folds} GEMM bias Adds folded into Requantize" if self.bias_folds else ""
         folds += f"; {self.patch_gemms} patch ConvInteger as MatMulInteger" if self.patch_gemms else ""
+        folds += f"; {self.chain_folds} Requantize chains as table lookups" if self.chain_folds else ""
         return f"{kernels}; {gemm}{folds}"
 
     def _run(self, feeds, extra):

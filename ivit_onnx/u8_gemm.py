@@ -7,7 +7,10 @@ private ops, or QuantizeLinear) writes ``u = i + 128`` as uint8 instead -- its z
 bounds move by 128, which is exact -- and every consumer gets the zero point moved by 128 too, so the
 int32 accumulators, and everything after them, are bit-identical. A producer is re-encoded only when
 each path from it (through layout ops) ends in an input with a zero point (MatMulInteger, ConvInteger,
-Requantize, IAdd) or a Shape, and at least one in a GEMM. :func:`decode` maps a re-encoded tensor back.
+Requantize, IAdd) or a Shape, and at least one in a GEMM. A producer that also feeds a GEMM's B operand (an
+activation: attention's K and V) stays int8, which is onnxruntime's fast B type; a GEMM reading it as A
+gets a uint8 copy instead (``Requantize`` by 1 into zero point 128: exact, one cheap pass).
+:func:`decode` maps a re-encoded tensor back.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from ivit_onnx.opset import DOMAIN
 
@@ -77,6 +80,23 @@ def _family(start: str, consumers: dict, outputs: set[str]):
     return tensors, edges
 
 
+def _uint8_copy(g: onnx.GraphProto, gemm: onnx.NodeProto, const, int8_scalar) -> None:
+    """Feed ``gemm`` ``a + 128`` as uint8 (a Requantize by 1 into zero point 128) instead of int8 ``a``."""
+    za = int8_scalar(gemm.input[2]) if len(gemm.input) > 2 and gemm.input[2] else 0
+    if za is None:
+        return
+    tag = f"{gemm.output[0]}_a_uint8"  # unique: one per GEMM
+    params = [numpy_helper.from_array(np.array(0, np.int8), f"{tag}_zero")]
+    params += [numpy_helper.from_array(np.array(v, np.int64), f"{tag}_{k}") for k, v in (("b", 1), ("c", 0))]
+    g.initializer.extend(params)
+    copy = helper.make_node("Requantize", [gemm.input[0], *(p.name for p in params), const(128)], [tag],
+                            name=tag, domain=DOMAIN, qmin=0, qmax=255)
+    while len(gemm.input) < 3:
+        gemm.input.append("")
+    gemm.input[0], gemm.input[2] = copy.output[0], const(za + 128)
+    g.node.insert(list(g.node).index(gemm), copy)
+
+
 def recode(model: onnx.ModelProto) -> Recoded:
     """Re-encode every eligible int8 producer of a GEMM operand (see the module docstring)."""
     out = onnx.ModelProto()
@@ -104,6 +124,7 @@ def recode(model: onnx.ModelProto) -> Recoded:
         v = numpy_helper.to_array(t)
         return int(v.reshape(-1)[0]) if v.size == 1 else None
 
+    a_operands: list[onnx.NodeProto] = []  # GEMMs whose int8 A operand gets a uint8 copy
     for node in list(g.node):
         op = _op(node)
         zp_at = PRODUCERS.get(op or "")
@@ -116,6 +137,9 @@ def recode(model: onnx.ModelProto) -> Recoded:
         if not found or not any(n.op_type in GEMMS for n, _ in found[1]):
             continue
         tensors, edges = found
+        if any(n.op_type in GEMMS and i == 1 for n, i in edges):
+            a_operands += [n for n, i in edges if n.op_type in GEMMS and i == 0]
+            continue  # an activation B operand (attention): int8 is the fast one there
         zps = [(n, ZERO_POINT_OF[(n.op_type, i)]) for n, i in edges]
         if any(len(n.input) > z and n.input[z] and int8_scalar(n.input[z]) is None for n, z in zps):
             continue  # a consumer zero point we cannot move (not a scalar int8 constant)
@@ -130,6 +154,8 @@ def recode(model: onnx.ModelProto) -> Recoded:
             n.input[z] = const(old + 128)
         result.tensors |= tensors
         result.producers.append(node.name or node.output[0])
+    for gemm in a_operands:
+        _uint8_copy(g, gemm, const, int8_scalar)
     keep = [v for v in g.value_info if v.name not in result.tensors]
     del g.value_info[:]
     g.value_info.extend(keep)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace ivit {
@@ -73,6 +74,16 @@ struct Exp {  // shift_exp(d) = (x0 + floor(-r/2)) * 2**(n - q) of opset/shift_e
     const i64 r = a - q * x0;
     return (x0 + shr(-r, 1)) * shl(1, n - q);
   }
+  // operator()(-a) for a >= 0 when `small`, without branches (so that loops over it vectorize)
+  i64 fast(i64 a) const {
+    const i64 m = -std::max(p_of(-a), -nx0);  // in [0, n*x0], n*x0 < 2**52
+    i64 q = static_cast<i64>(static_cast<double>(m) * inv_x0);
+    i64 r = m - q * x0;
+    const i64 lo = r < 0, hi = r >= x0;  // the estimate is within 1 of the quotient
+    q += hi - lo;
+    r += (lo - hi) * x0;
+    return (x0 + ((-r) >> 1)) << (n - q);
+  }
   // The smallest a >= 0 from which shift_exp(-a) is clamped (p <= -n*x0): p(-a) is non-increasing in a,
   // so every larger a gives the same value.
   i64 clamp_point() const {
@@ -92,12 +103,22 @@ inline i64 shift_sigmoid(const Exp& exp, i64 top, i64 sh, i64 v) {
 }
 
 // isqrt of opset/ilayernorm.py for v >= 1: start 2**((bits(v)+1)//2), 10 Newton steps r <- min(r, (r + v//r)//2)
-inline i64 isqrt(i64 v) {
+inline i64 isqrt_newton(i64 v) {
   i64 nbits = 0;
   for (int k = 0; k < 63; ++k) nbits += v >= (i64(1) << k);
   i64 root = shl(1, floor_div(nbits + 1, 2));
   for (int s = 0; s < 10; ++s) root = std::min(root, floor_div(root + floor_div(v, root), 2));
   return root;
+}
+
+// The same value, fast: for 1 <= v < 2**62 the Newton isqrt is math.isqrt (opset/README.md; tests/opset/
+// test_isqrt.py), which is a double square root corrected to the exact floor (r < 2**31: no overflow).
+inline i64 isqrt(i64 v) {
+  if (v < 1 || v >= (i64(1) << 62)) return isqrt_newton(v);
+  i64 r = static_cast<i64>(std::sqrt(static_cast<double>(v)));
+  while (r * r > v) --r;
+  while ((r + 1) * (r + 1) <= v) ++r;
+  return r;
 }
 
 // numpy's round_shift of opset/_int.py for any c: floor((t + floor(2**c / 2)) / 2**c) with 2**c = shl(1, c)

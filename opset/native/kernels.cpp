@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -153,6 +155,23 @@ IVIT_CLONES void rescale_row(const TI* __restrict x, TO* __restrict y, i64 len, 
   for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs(f(static_cast<i64>(x[j])) * b[j], h[j], c[j]));
 }
 
+// y = tab[v - lo] for the rescaled values v of rescale_run (ch_step 0: one channel, b/h/c point at it) or
+// rescale_row (ch_step 1), a block at a time: the rescale vectorizes, the table lookups cannot.
+template <class TI, class TO, class TT, class F>
+void rescale_lookup(const TI* x, TO* __restrict y, i64 len, F f, const i64* b, const i64* h, const i64* c,
+                    int ch_step, Rescale rs, const TT* __restrict tab) {
+  constexpr i64 BLOCK = 512;
+  int32_t v[BLOCK];  // in [lo, hi], inside the int8..int32 type of the Requantize output
+  for (i64 k = 0; k < len; k += BLOCK) {
+    const i64 m = std::min(BLOCK, len - k);
+    if (ch_step)
+      rescale_row(x + k, v, m, f, b + k, h + k, c + k, rs);
+    else
+      rescale_run(x + k, v, m, f, *b, *h, *c, rs);
+    for (i64 j = 0; j < m; ++j) y[k + j] = static_cast<TO>(tab[v[j] - rs.lo]);
+  }
+}
+
 template <class TA, class TB, class TO>
 IVIT_CLONES void iadd_run(const TA* __restrict a, const TB* __restrict b, TO* __restrict y, i64 len, i64 za, i64 zb,
               i64 ma, i64 mb, i64 h, i64 c, Rescale rs) {
@@ -166,6 +185,16 @@ IVIT_CLONES i64 softmax_exps(const TI* __restrict x, i64* __restrict e, i64 len,
   i64 sum = 0;
   for (i64 j = 0; j < len; ++j) {
     e[j] = exp_of(mx - x[j]);
+    sum += e[j];
+  }
+  return sum;
+}
+
+// e = row[k] over a row of indices, and its sum
+inline i64 gather_sum(const int32_t* __restrict k, i64* __restrict e, i64 len, const i64* __restrict row) {
+  i64 sum = 0;
+  for (i64 j = 0; j < len; ++j) {
+    e[j] = row[k[j]];
     sum += e[j];
   }
   return sum;
@@ -200,10 +229,12 @@ std::vector<i64> halves(const i64* c, i64 n) {
 
 // y = clip(round_shift(f(x) * b[ch] + offset[ch], c[ch]) + zy, qmin, qmax) over an (outer, nc, inner)
 // tensor, 0 <= c <= 62 (offset may be null: 0). setup(xs, total, run) picks f for the input (it may scan xs
-// first) and calls run(f).
+// first) and calls run(f). With a table (of qmax - qmin + 1 entries of the output type `to`), y is
+// table[that - qmin] instead.
 template <class Setup>
 int rescale_each(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* b, const i64* c, i64 zy,
-                 i64 qmin, i64 qmax, void* y, int to, int threads, Setup setup, const i64* offset = nullptr) {
+                 i64 qmin, i64 qmax, void* y, int to, int threads, Setup setup, const i64* offset = nullptr,
+                 const void* table = nullptr) {
   std::vector<i64> half = halves(c, nc);
   for (i64 k = 0; offset && k < nc; ++k) half[k] += offset[k];
   const i64* h = half.data();
@@ -213,13 +244,53 @@ int rescale_each(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64*
     using TO = decltype(to_);
     const TI* xs = as<TI>(x);
     TO* ys = static_cast<TO*>(y);
+    const TO* tab = as<TO>(table);
     setup(xs, outer * nc * inner, [&](auto f) {
       channel_segments(
           outer, nc, inner, threads,
-          [&](i64 i, i64 len, i64 ch) { rescale_run(xs + i, ys + i, len, f, b[ch], h[ch], c[ch], rs); },
-          [&](i64 i) { rescale_row(xs + i, ys + i, nc, f, b, h, c, rs); });
+          [&](i64 i, i64 len, i64 ch) {
+            if (tab)
+              rescale_lookup(xs + i, ys + i, len, f, b + ch, h + ch, c + ch, 0, rs, tab);
+            else
+              rescale_run(xs + i, ys + i, len, f, b[ch], h[ch], c[ch], rs);
+          },
+          [&](i64 i) {
+            if (tab)
+              rescale_lookup(xs + i, ys + i, nc, f, b, h, c, 1, rs, tab);
+            else
+              rescale_row(xs + i, ys + i, nc, f, b, h, c, rs);
+          });
     });
   }) ? 0 : 1;
+}
+
+// Shiftmax over rows of `len`: load(r, buf) points at row r's values (any integer type; it may fill buf,
+// `len` int64s, and point there); every x - max(row) lies in [-span, 0].
+template <class TO, class Load>
+void shiftmax_rows(i64 rows, i64 len, i64 span, i64 x0, i64 n, i64 bits, i64 zy, TO* y, int threads, Load load) {
+  const Exp exp(x0, n);
+  const i64 sh = 62 - bits;
+  // exps from a table where one pays for itself, else directly (branch-free where exact: it vectorizes)
+  const i64 size = table_size(exp, span, rows * len);
+  std::vector<i64> table(size);
+  for (i64 a = 0; a < size; ++a) table[a] = exp(-a);
+  const i64* lut = table.data();
+  parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 r0, i64 r1) {
+    std::vector<i64> e(len), buf(len);
+    for (i64 r = r0; r < r1; ++r) {
+      const auto* xr = load(r, buf.data());
+      i64 mx = xr[0];
+      for (i64 j = 1; j < len; ++j) mx = std::max<i64>(mx, xr[j]);
+      i64 sum;
+      if (size)
+        sum = softmax_exps(xr, e.data(), len, mx, [lut, size](i64 a) { return lut[std::min<i64>(a, size - 1)]; });
+      else if (exp.small)
+        sum = softmax_exps(xr, e.data(), len, mx, [exp](i64 a) { return exp.fast(a); });
+      else
+        sum = softmax_exps(xr, e.data(), len, mx, [&exp](i64 a) { return exp(-a); });
+      softmax_out(e.data(), y + r * len, len, floor_div(RECIP_M, sum), sh, zy);
+    }
+  });
 }
 
 }  // namespace
@@ -241,12 +312,20 @@ extern "C" {
 // y = clip(round_shift((x - zx[ch]) * b[ch], c[ch]) + zy, qmin, qmax); ch = (i / inner) % nc; 0 <= c <= 62.
 // A zero point per channel is how a GEMM's bias folds in (zx[ch] = zx - bias[ch], ivit_onnx/bias_fold.py).
 // Computed as x * b[ch] + (floor(2**c/2) - zx[ch] * b[ch]): the same int64 in wrap-around arithmetic.
-int ivit_requantize_pc(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* zx, const i64* b,
-                       const i64* c, i64 zy, i64 qmin, i64 qmax, void* y, int to, int threads) {
+// With a table (qmax - qmin + 1 entries of the output type), y = table[that - qmin]: a Requantize and the
+// elementwise ops after it, tabulated over its outputs (ivit_onnx/chain_fold.py).
+int ivit_requantize_table(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* zx, const i64* b,
+                          const i64* c, i64 zy, i64 qmin, i64 qmax, const void* table, void* y, int to,
+                          int threads) {
   std::vector<i64> offset(nc);
   for (i64 k = 0; k < nc; ++k) offset[k] = -(zx[k] * b[k]);
   return rescale_each(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to, threads,
-                      [&](const auto*, i64, auto run) { run([](i64 v) { return v; }); }, offset.data());
+                      [&](const auto*, i64, auto run) { run([](i64 v) { return v; }); }, offset.data(), table);
+}
+
+int ivit_requantize_pc(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* zx, const i64* b,
+                       const i64* c, i64 zy, i64 qmin, i64 qmax, void* y, int to, int threads) {
+  return ivit_requantize_table(x, ti, outer, nc, inner, zx, b, c, zy, qmin, qmax, nullptr, y, to, threads);
 }
 
 // y = clip(round_shift((x - zx) * b[ch], c[ch]) + zy, qmin, qmax); ch = (i / inner) % nc; 0 <= c <= 62.
@@ -289,25 +368,66 @@ int ivit_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x0, i64 
                   int threads) {
   return with_types(ti, to, [&](auto ti_, auto to_) {
     using TI = decltype(ti_);
-    using TO = decltype(to_);
-    const Exp exp(x0, n);
+    const TI* xs = as<TI>(x);
     i64 lo, hi;
-    min_max(as<TI>(x), rows * len, lo, hi);
-    const i64 size = table_size(exp, hi - lo, rows * len);  // a = max - x <= hi - lo
-    std::vector<i64> table(size);
-    for (i64 a = 0; a < size; ++a) table[a] = exp(-a);
-    const i64* lut = table.data();
+    min_max(xs, rows * len, lo, hi);
+    shiftmax_rows(rows, len, hi - lo, x0, n, bits, zy, static_cast<decltype(to_)*>(y), threads,
+                  [xs, len](i64 r, i64*) { return xs + r * len; });
+  }) ? 0 : 1;
+}
+
+// Shiftmax of v = table[clip(round_shift((x - zx) * b, c) + zy, qmin, qmax) - qmin] (table: int32, qmax - qmin
+// + 1 entries): a Requantize, the elementwise ops after it tabulated, and the Shiftmax they feed, in one pass
+// (ivit_onnx/chain_fold.py). Output zero point y_zp; 0 <= c <= 62, 0 <= bits <= 62.
+// When the table is non-decreasing (a chain of Requantizes is), the row max is table[max k] over the row's
+// indices k, so each exp is E[max k][k] = shift_exp(table[k] - table[max k]): one lookup per element in a row
+// of E, each row built once per call, when a row with that max first needs it.
+int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i64 b, i64 c, i64 zy, i64 qmin,
+                             i64 qmax, const int32_t* table, i64 y_zp, i64 x0, i64 n, i64 bits, void* y, int to,
+                             int threads) {
+  const i64 nq = qmax - qmin + 1, h = ((i64(1) << c) >> 1) - zx * b;
+  const Rescale index{zy - qmin, 0, nq - 1};  // the table index, clip(...) - qmin
+  const bool sorted = std::is_sorted(table, table + nq);
+  const Exp exp(x0, n);
+  const i64 span = i64(*std::max_element(table, table + nq)) - *std::min_element(table, table + nq);
+  const i64 size = sorted ? table_size(exp, span, rows * len) : 0;
+  std::vector<i64> lut(size);
+  for (i64 a = 0; a < size; ++a) lut[a] = exp(-a);
+  std::unique_ptr<i64[]> e_rows(sorted ? new i64[nq * nq] : nullptr);
+  std::unique_ptr<std::once_flag[]> built(sorted ? new std::once_flag[nq] : nullptr);
+  auto e_row = [&](i64 km) {  // E[km][k] for k <= km (the only ones a row with max index km reads)
+    i64* row = e_rows.get() + km * nq;
+    std::call_once(built[km], [&] {
+      for (i64 k = 0; k <= km; ++k) {
+        const i64 a = i64(table[km]) - table[k];
+        row[k] = size ? lut[std::min(a, size - 1)] : exp(-a);
+      }
+    });
+    return static_cast<const i64*>(row);
+  };
+  return with_types(ti, to, [&](auto ti_, auto to_) {
+    using TI = decltype(ti_);
+    using TO = decltype(to_);
+    const TI* xs = as<TI>(x);
+    TO* ys = static_cast<TO*>(y);
+    if (!sorted) {
+      shiftmax_rows(rows, len, span, x0, n, bits, y_zp, ys, threads, [&](i64 r, i64* buf) {
+        rescale_lookup(xs + r * len, buf, len, [](i64 v) { return v; }, &b, &h, &c, 0, Rescale{zy, qmin, qmax},
+                       table);
+        return static_cast<const i64*>(buf);
+      });
+      return;
+    }
     const i64 sh = 62 - bits;
     parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 r0, i64 r1) {
+      std::vector<int32_t> k(len);
       std::vector<i64> e(len);
       for (i64 r = r0; r < r1; ++r) {
-        const TI* xr = as<TI>(x) + r * len;
-        i64 mx = xr[0];
-        for (i64 j = 1; j < len; ++j) mx = std::max<i64>(mx, xr[j]);
-        const i64 sum = size ? softmax_exps(xr, e.data(), len, mx, [lut, size](i64 a) {
-          return lut[std::min<i64>(a, size - 1)];
-        }) : softmax_exps(xr, e.data(), len, mx, [&exp](i64 a) { return exp(-a); });
-        softmax_out(e.data(), static_cast<TO*>(y) + r * len, len, floor_div(RECIP_M, sum), sh, zy);
+        rescale_run(xs + r * len, k.data(), len, [](i64 v) { return v; }, b, h, c, index);
+        i64 lo, km;
+        min_max(k.data(), len, lo, km);
+        const i64 sum = gather_sum(k.data(), e.data(), len, e_row(km));
+        softmax_out(e.data(), ys + r * len, len, floor_div(RECIP_M, sum), sh, y_zp);
       }
     });
   }) ? 0 : 1;
@@ -368,6 +488,12 @@ int ivit_ilayernorm(const void* x, int ti, i64 rows, i64 len, const i64* b, cons
       }
     });
   }) ? 0 : 1;
+}
+
+// r[k] = isqrt(v[k]) of intmath.h (the exact integer square root ILayerNorm uses), for the tests.
+int ivit_isqrt(const int64_t* v, int64_t* r, int64_t n) {
+  for (i64 k = 0; k < n; ++k) r[k] = isqrt(v[k]);
+  return 0;
 }
 
 }  // extern "C"

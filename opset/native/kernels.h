@@ -10,6 +10,13 @@ int ivit_requantize(const void* x, int ti, int64_t outer, int64_t nc, int64_t in
 int ivit_requantize_pc(const void* x, int ti, int64_t outer, int64_t nc, int64_t inner, const int64_t* zx,
                        const int64_t* b, const int64_t* c, int64_t zy, int64_t qmin, int64_t qmax, void* y, int to,
                        int threads);
+int ivit_requantize_table(const void* x, int ti, int64_t outer, int64_t nc, int64_t inner, const int64_t* zx,
+                          const int64_t* b, const int64_t* c, int64_t zy, int64_t qmin, int64_t qmax,
+                          const void* table, void* y, int to, int threads);
+int ivit_requantize_shiftmax(const void* x, int ti, int64_t rows, int64_t len, int64_t zx, int64_t b, int64_t c,
+                             int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table, int64_t y_zp,
+                             int64_t x0, int64_t n, int64_t bits, void* y, int to, int threads);
+int ivit_isqrt(const int64_t* v, int64_t* r, int64_t n);
 int ivit_iadd(const void* a, int ta, const void* b, int tb, int64_t n, int64_t nb, int64_t za, int64_t zb,
               int64_t ma, int64_t mb, int64_t c, int64_t zy, int64_t qmin, int64_t qmax, void* y, int to,
               int threads);

@@ -1,7 +1,8 @@
 // The ai.ivit custom-op library for onnxruntime, through its C ABI (ort_abi.h): no Python, no onnxruntime
 // headers. onnxruntime loads this shared library (SessionOptions.register_custom_ops_library(path), or
 // RegisterCustomOpsLibrary in C/C++) and calls RegisterCustomOps, which registers the five ops of the
-// private opset in their own domain, ai.ivit (opset/README.md).
+// private opset in their own domain, ai.ivit (opset/README.md), and two fused ops in ai.ivit.fused that
+// only the session-time rewrite ivit_onnx/chain_fold.py writes.
 //
 // Each op runs the fused kernel of kernels.cpp where the call fits it (per-tensor or per-channel
 // parameters, scalar zero points, the output shaped like x) with its chunks on onnxruntime's intra-op
@@ -52,22 +53,32 @@ void check(ort::Status* s) {
 
 // ------------------------------------------------------------------------------------------ the ops
 
-enum Port { INT, I64, OUT };  // int8/uint8/int16/int32 input; int64 input; the output zero point
-enum Op { REQUANTIZE, IADD, SHIFTMAX, SHIFTGELU, ILAYERNORM };
+// int8/uint8/int16/int32 input; int64 input; the output zero point; a lookup table (1-D, not broadcast)
+// of the output type; an int32 lookup table
+enum Port { INT, I64, OUT, TABLE_OUT, TABLE_I32 };
+enum Op { REQUANTIZE, IADD, SHIFTMAX, SHIFTGELU, ILAYERNORM, REQUANTIZE_TABLE, REQUANTIZE_SHIFTMAX };
 
 struct OpDef {
+  const char* domain;
   const char* name;
   Op op;
   std::vector<Port> ports;
   std::vector<const char*> attrs;
 };
 
+// The private opset, and the fused ops that ivit_onnx/chain_fold.py writes at session time for this library
+// only (a Requantize and the elementwise ops after it, tabulated over the Requantize's outputs).
+constexpr const char* OPSET = "ai.ivit";
+constexpr const char* FUSED = "ai.ivit.fused";
 const OpDef OPS[] = {
-    {"Requantize", REQUANTIZE, {INT, INT, I64, I64, OUT}, {"qmin", "qmax"}},
-    {"IAdd", IADD, {INT, INT, INT, INT, I64, I64, I64, OUT}, {"qmin", "qmax"}},
-    {"Shiftmax", SHIFTMAX, {INT, OUT}, {"x0", "n", "bits"}},
-    {"ShiftGELU", SHIFTGELU, {INT, I64, I64, OUT}, {"x0", "n", "bits", "qmin", "qmax"}},
-    {"ILayerNorm", ILAYERNORM, {INT, I64, I64, I64, OUT}, {"shift_in", "p", "qmin", "qmax"}},
+    {OPSET, "Requantize", REQUANTIZE, {INT, INT, I64, I64, OUT}, {"qmin", "qmax"}},
+    {OPSET, "IAdd", IADD, {INT, INT, INT, INT, I64, I64, I64, OUT}, {"qmin", "qmax"}},
+    {OPSET, "Shiftmax", SHIFTMAX, {INT, OUT}, {"x0", "n", "bits"}},
+    {OPSET, "ShiftGELU", SHIFTGELU, {INT, I64, I64, OUT}, {"x0", "n", "bits", "qmin", "qmax"}},
+    {OPSET, "ILayerNorm", ILAYERNORM, {INT, I64, I64, I64, OUT}, {"shift_in", "p", "qmin", "qmax"}},
+    {FUSED, "RequantizeTable", REQUANTIZE_TABLE, {INT, INT, I64, I64, INT, TABLE_OUT}, {"qmin", "qmax"}},
+    {FUSED, "RequantizeShiftmax", REQUANTIZE_SHIFTMAX, {INT, INT, I64, I64, INT, TABLE_I32, OUT},
+     {"qmin", "qmax", "x0", "n", "bits"}},
 };
 constexpr int N_OPS = sizeof(OPS) / sizeof(OPS[0]);
 
@@ -360,6 +371,41 @@ void ilayernorm(Call& c) {
   saturate_all(c, t, expand(c.in[2], c.out), expand(c.in[4], c.out), qmin, qmax);
 }
 
+// The fused ops take what the session-time rewrite writes: x shaped like the output, a scalar zero point
+// for the Requantize stage, its other parameters per tensor or along one axis (RequantizeShiftmax: per
+// tensor), and a table of qmax - qmin + 1 entries.
+const Tensor& table_of(const Call& c, int i) {
+  const Tensor& t = c.in[i];
+  fail_if(c.a(0) > c.a(1) || t.shape.size() != 1 || t.size != c.a(1) - c.a(0) + 1,
+          "the table must be 1-D with qmax - qmin + 1 entries");
+  fail_if(!c.full(0), "x must have the output's shape");
+  return t;
+}
+
+void requantize_table(Call& c) {
+  const Tensor& table = table_of(c, 5);
+  Channels ch;
+  fail_if(!c.scalar(4) || !channels(c.out, {&c.in[1], &c.in[2], &c.in[3]}, ch) || !shifts_ok(ch.values[2]),
+          "y_zero_point must be a scalar, the other parameters per tensor or along one axis, shifts in 0..62");
+  ivit_requantize_table(c.in[0].data, c.code(0), ch.outer, ch.nc, ch.inner, ch.values[0].data(),
+                        ch.values[1].data(), ch.values[2].data(), c.in[4].at(0), c.a(0), c.a(1), table.data, c.y,
+                        kernel_code(c.y_elem), 0);
+}
+
+void requantize_shiftmax(Call& c) {
+  const Tensor& table = table_of(c, 5);
+  const Tensor& x = c.in[0];
+  fail_if(x.shape.empty(), "x must have at least one axis (Shiftmax works along the last one)");
+  bool scalars = true;
+  for (int i : {1, 2, 3, 4, 6}) scalars = scalars && c.scalar(i);
+  const i64 shift = c.in[3].at(0);
+  fail_if(!scalars || shift < 0 || shift > 62, "the parameters must be scalars, the shift in 0..62");
+  const i64 len = x.shape.back(), rows = len ? x.size / len : 0;
+  ivit_requantize_shiftmax(x.data, c.code(0), rows, len, c.in[1].at(0), c.in[2].at(0), shift, c.in[4].at(0), c.a(0),
+                           c.a(1), static_cast<const int32_t*>(table.data), c.in[6].at(0), c.a(2), c.a(3), c.a(4), c.y,
+                           kernel_code(c.y_elem), 0);
+}
+
 void run_op(Call& c) {
   switch (c.k.def->op) {
     case REQUANTIZE: return requantize(c);
@@ -367,6 +413,8 @@ void run_op(Call& c) {
     case SHIFTMAX: return shiftmax(c);
     case SHIFTGELU: return shiftgelu(c);
     case ILAYERNORM: return ilayernorm(c);
+    case REQUANTIZE_TABLE: return requantize_table(c);
+    case REQUANTIZE_SHIFTMAX: return requantize_shiftmax(c);
   }
 }
 
@@ -403,6 +451,8 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
       check(api<ort::Status*(const ort::KernelContext*, size_t, const ort::Value**)>(ort::KernelContext_GetInput)(
           ctx, i, &v));
       c.in.push_back(read_value(v));
+      const Port port = k.def->ports[i];
+      if (port == TABLE_OUT || port == TABLE_I32) continue;  // looked up, not broadcast
       Shape b;
       if (!broadcast(c.out, c.in.back().shape, b))
         throw Error("input " + std::to_string(i) + " of shape " + shape_str(c.in.back().shape) +
@@ -421,7 +471,7 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
     run_op(c);
     return nullptr;
   } catch (const std::exception& e) {
-    return make_status("ai.ivit " + std::string(k.def->name) + " node '" + k.node + "': " + e.what());
+    return make_status(std::string(k.def->domain) + " " + k.def->name + " node '" + k.node + "': " + e.what());
   }
 }
 
@@ -457,6 +507,7 @@ void check_attrs(const Kernel& k) {
   };
   switch (k.def->op) {
     case SHIFTMAX: need(0, 1, i64(1) << 52), need(1, 0, 62), need(2, 1, 30); break;
+    case REQUANTIZE_SHIFTMAX: need(2, 1, i64(1) << 52), need(3, 0, 62), need(4, 1, 30); break;
     case SHIFTGELU: need(0, 1, i64(1) << 52), need(1, 0, 62), need(2, 0, 62); break;
     case ILAYERNORM: need(0, 0, 62), need(1, 0, 61); break;
     default: break;
@@ -481,10 +532,11 @@ ort::Status* create_kernel(const ort::CustomOp* op, const ort::Api*, const ort::
       throw Error("takes " + std::to_string(def.ports.size()) + " inputs, the node has " + std::to_string(n));
     for (size_t i = 0; i < n; ++i) {
       const int elem = input_elem(info, i);
-      const bool ok = def.ports[i] == I64 ? elem == ort::INT64 : kernel_code(elem) >= 0;
-      if (!ok)
+      const Port port = def.ports[i];
+      const int need = port == I64 ? ort::INT64 : port == TABLE_I32 ? ort::INT32 : 0;  // 0: any int type
+      if (need ? elem != need : kernel_code(elem) < 0)
         throw Error("input " + std::to_string(i) + " is " + elem_name(elem) + ", the opset allows " +
-                    (def.ports[i] == I64 ? "int64" : "int8, uint8, int16 or int32"));
+                    (need ? elem_name(need) : "int8, uint8, int16 or int32"));
     }
     for (size_t i = 0; i < def.attrs.size(); ++i) {
       ort::Status* s = api<ort::Status*(const ort::KernelInfo*, const char*, int64_t*)>(
@@ -498,7 +550,7 @@ ort::Status* create_kernel(const ort::CustomOp* op, const ort::Api*, const ort::
     *out = new Kernel(k);
     return nullptr;
   } catch (const std::exception& e) {
-    return make_status("ai.ivit " + std::string(def.name) + " node '" + k.node + "' refused: " + e.what());
+    return make_status(std::string(def.domain) + " " + def.name + " node '" + k.node + "' refused: " + e.what());
   }
 }
 
@@ -509,7 +561,8 @@ IvitOp make_op(const OpDef& def) {
   o.GetName = [](const ort::CustomOp* op) { return def_of(op).name; };
   o.GetExecutionProviderType = [](const ort::CustomOp*) -> const char* { return nullptr; };  // CPU
   o.GetInputType = [](const ort::CustomOp* op, size_t i) {
-    return def_of(op).ports[i] == I64 ? ort::INT64 : ort::UNDEFINED;  // any type; checked in create_kernel
+    const Port port = def_of(op).ports[i];  // undefined: any type, checked in create_kernel
+    return port == I64 ? ort::INT64 : port == TABLE_I32 ? ort::INT32 : ort::UNDEFINED;
   };
   o.GetInputTypeCount = [](const ort::CustomOp* op) { return def_of(op).ports.size(); };
   o.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::UNDEFINED; };
@@ -535,7 +588,8 @@ IvitOp make_op(const OpDef& def) {
 }
 
 IvitOp* ops() {
-  static IvitOp table[N_OPS] = {make_op(OPS[0]), make_op(OPS[1]), make_op(OPS[2]), make_op(OPS[3]), make_op(OPS[4])};
+  static IvitOp table[N_OPS] = {make_op(OPS[0]), make_op(OPS[1]), make_op(OPS[2]), make_op(OPS[3]),
+                                make_op(OPS[4]), make_op(OPS[5]), make_op(OPS[6])};
   return table;
 }
 
@@ -543,7 +597,8 @@ IvitOp* ops() {
 
 extern "C" {
 
-// The name every custom-op library exports: register the ai.ivit domain with the session options.
+// The name every custom-op library exports: register the ai.ivit and ai.ivit.fused domains with the session
+// options.
 __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::SessionOptions* options,
                                                                      const ort::ApiBase* base) {
   const ort::Api* table = base->GetApi(ort::API_VERSION);
@@ -566,14 +621,20 @@ __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::Sessi
   static std::mutex lock;
   std::lock_guard<std::mutex> guard(lock);
   g_api = table;
-  // One domain per session options, kept for the life of the process (sessions use it after this returns).
+  // Each domain once per session options, kept for the life of the process (sessions use them after this
+  // returns).
   static std::vector<ort::CustomOpDomain*> domains;
-  ort::CustomOpDomain* domain = nullptr;
-  ort::Status* s = api<ort::Status*(const char*, ort::CustomOpDomain**)>(ort::CreateCustomOpDomain)("ai.ivit", &domain);
-  for (int i = 0; i < N_OPS && !s; ++i)
-    s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(domain, &ops()[i].base);
-  if (!s) s = api<ort::Status*(ort::SessionOptions*, ort::CustomOpDomain*)>(ort::AddCustomOpDomain)(options, domain);
-  if (domain) domains.push_back(domain);
+  ort::Status* s = nullptr;
+  for (const char* name : {OPSET, FUSED}) {
+    ort::CustomOpDomain* domain = nullptr;
+    if (!s) s = api<ort::Status*(const char*, ort::CustomOpDomain**)>(ort::CreateCustomOpDomain)(name, &domain);
+    for (int i = 0; i < N_OPS && !s; ++i)
+      if (std::strcmp(OPS[i].domain, name) == 0)
+        s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(domain,
+                                                                                                   &ops()[i].base);
+    if (!s) s = api<ort::Status*(ort::SessionOptions*, ort::CustomOpDomain*)>(ort::AddCustomOpDomain)(options, domain);
+    if (domain) domains.push_back(domain);
+  }
   return s;
 }
 
