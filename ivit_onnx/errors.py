@@ -13,11 +13,16 @@ class ConversionError(Exception):
     """Bad or unsupported input; ``str(err)`` is one line naming the offending file, node or tensor."""
 
 
-def one_line(e: BaseException, limit: int = 300) -> str:
-    """The first line of an exception's text, with its type when the text does not say much."""
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's text (at most ``limit`` characters), or its type when it has none."""
     text = str(e).strip()
-    first = text.splitlines()[0][:limit] if text else ""
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+    return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """``Type: first line`` of an exception (its type alone when it has no text)."""
+    first = first_line(e, limit)
+    return f"{type(e).__name__}: {first}" if first != type(e).__name__ else first
 
 
 def os_error_line(e: OSError) -> str:

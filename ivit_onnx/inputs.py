@@ -23,7 +23,7 @@ import onnx
 from onnx import helper
 
 from . import images
-from .errors import ConversionError
+from .errors import ConversionError, one_line
 
 
 class InputError(ConversionError):
@@ -128,8 +128,7 @@ def npz_dataset(path: str, specs: list[InputSpec]) -> Dataset:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-        why = str(e).splitlines()[0] if str(e) else ""
-        raise InputError(f"{path}: not a readable .npz ({type(e).__name__}: {why})") from None
+        raise InputError(f"{path}: not a readable .npz ({one_line(e)})") from None
     labels = data.pop("labels", None)
     names = [s.name for s in specs]
     if set(names) <= set(data):

@@ -11,7 +11,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from .errors import ConversionError, one_line
+from .errors import ConversionError, first_line, one_line
 
 #: onnxruntime 1.31 reads IR versions up to this
 MAX_IR_VERSION = 10
@@ -45,8 +45,7 @@ def load_model(model, base_dir=None) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(skeleton(proto))
     except onnx.checker.ValidationError as e:
-        first = str(e).strip().splitlines()[0]
-        raise ConversionError(f"{path}: invalid ONNX model: {first}") from None
+        raise ConversionError(f"{path}: invalid ONNX model: {first_line(e)}") from None
     except UnicodeDecodeError:  # the checker's message quotes bytes that are not UTF-8
         raise ConversionError(f"{path}: invalid ONNX model (corrupted bytes)") from None
     return proto
@@ -219,7 +218,7 @@ def ensure_opset(model: onnx.ModelProto) -> onnx.ModelProto:
         return version_converter.convert_version(model, MIN_OPSET)
     except Exception as e:  # noqa: BLE001 - the converter raises several types; one line for the user
         raise ConversionError(
-            f"cannot upgrade opset {version} to {MIN_OPSET}: {one_line(e)}"
+            f"cannot upgrade opset {version} to {MIN_OPSET}: {first_line(e)}"
         ) from None
 
 
