@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ivit_onnx import qparams
 from ivit_onnx.affine import Affine
 
 from ..pattern import Op, Rule, reduce_axes
@@ -40,6 +41,7 @@ class ReduceMeanRule(Rule):
         if isinstance(n, str):
             return n
         _, a = lw.get(m.root.inputs[0])
+        a = a if a.per_tensor else qparams.per_tensor(a)  # the type rewrite sums
         if n * a.bound > _INT32_MAX:
             return f"a sum of {n} values bounded by {a.bound} could overflow int32"
         return None
@@ -52,10 +54,12 @@ class ReduceMeanRule(Rule):
             it = lw.node("Cast", [it], np.int32, "widen", attrs={"to": np.int32}, shape=it.shape)
         axes = reduce_axes(node)
         keep = int(node.attrs.get("keepdims", 1))
-        inputs = [it, lw.const(np.array(axes, np.int64), "axes")] if axes else [it]
-        out = lw.node(
-            "ReduceSum", inputs, np.int32, "sum", attrs={"keepdims": keep}, shape=node.outputs[0].shape
-        )
+        attrs, inputs = {"keepdims": keep}, [it]
+        if axes and lw.ctx.opset < 13:  # ReduceSum takes its axes as an input from opset 13 on
+            attrs["axes"] = list(axes)
+        elif axes:
+            inputs.append(lw.const(np.array(axes, np.int64), "axes"))
+        out = lw.node("ReduceSum", inputs, np.int32, "sum", attrs=attrs, shape=node.outputs[0].shape)
         lw.set(node.outputs[0], out, Affine(a.scale / n, 0, np.int32, bound=n * a.bound))
         lw.ctx.count("lower_integer", self.label)
         return Outcome.HANDLED
