@@ -36,7 +36,7 @@ def _column_bound(inits: dict, gemm: onnx.NodeProto) -> np.ndarray | None:
     w = _int_const(inits, gemm.input[1])
     zw = _int_const(inits, gemm.input[3]) if len(gemm.input) > 3 and gemm.input[3] else np.int64(0)
     za = _int_const(inits, gemm.input[2]) if len(gemm.input) > 2 and gemm.input[2] else np.int64(0)
-    if w is None or w.ndim != 2 or zw is None or za is None or za.size != 1 or not -128 <= int(za) <= 255:
+    if w is None or w.ndim != 2 or zw is None or za is None or za.size != 1 or not -128 <= int(za.reshape(-1)[0]) <= 255:
         return None
     return 255 * np.abs(w - zw).sum(axis=0)
 

@@ -143,7 +143,8 @@ def test_fresh_process_every_op_and_dtype_pair():
 )
 @pytest.mark.slow
 def test_sanitized_build_on_every_op_and_dtype_pair(tmp_path):
-    """The library built with -fsanitize=address,undefined (any report aborts) passes the same check.
+    """The library built with -fsanitize=address,undefined (any report aborts) passes the same check, and the
+    fused ops' tests (tests/opset/test_native_fused.py).
 
     Marked slow (about two minutes, mostly compiling); ``.ci/run`` runs it as a step of its own.
     """
@@ -182,6 +183,15 @@ def test_sanitized_build_on_every_op_and_dtype_pair(tmp_path):
         "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
     }
     assert_all_pairs_pass(run_fresh(str(lib), examples=2, env=env))
+    fused = subprocess.run(  # the fused ops of ai.ivit.fused, on their own tests
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/opset/test_native_fused.py"],
+        cwd=ROOT,
+        env={**os.environ, "IVIT_NATIVE_LIB": str(lib), **env},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert fused.returncode == 0, (fused.stdout + fused.stderr)[-4000:]
 
 
 # ------------------------------------------------------------------------------- the version check
@@ -409,13 +419,13 @@ if __name__ == "__main__":
 # ------------------------------------------------------------------------------- bias folding
 
 
-def gemm_bias_requantize(w: np.ndarray, bias: np.ndarray) -> onnx.ModelProto:
+def gemm_bias_requantize(w: np.ndarray, bias: np.ndarray, za_shape=()) -> onnx.ModelProto:
     """``Requantize(Add(MatMulInteger(a, w, 128, 0), bias), zx=3, b, c, zy)``, the converter's pattern."""
     from ivit_onnx.opset.functions import attach_functions
 
     inits = [
         onnx.numpy_helper.from_array(w, "w"),
-        onnx.numpy_helper.from_array(np.uint8(128), "za"),
+        onnx.numpy_helper.from_array(np.full(za_shape, 128, np.uint8), "za"),
         onnx.numpy_helper.from_array(np.int8(0), "zw"),
         onnx.numpy_helper.from_array(bias, "bias"),
         onnx.numpy_helper.from_array(np.int32(3), "zx"),
@@ -456,6 +466,7 @@ def test_bias_fold_is_exact_and_only_where_provable():
     assert fold_bias(model, keep={"biased"})[1] == 0  # a tensor someone reads stays
     huge = np.full(48, (1 << 31) - 1000, np.int32)  # acc + bias could wrap in int32: left alone
     assert fold_bias(gemm_bias_requantize(w, huge))[1] == 0
+    assert fold_bias(gemm_bias_requantize(w, bias, za_shape=(1,)))[1] == 1  # a one-element vector zero point
 
 
 @pytest.mark.parametrize("zw", [None, "scalar"])  # onnxruntime has no per-channel ConvInteger
