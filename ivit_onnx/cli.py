@@ -13,8 +13,7 @@ import threading
 import time
 
 from .errors import ConversionError, guarded, one_line, print_error
-
-BUNDLED = "digits"
+from .models.bundled import ALIAS, resolve
 
 
 class Parser(argparse.ArgumentParser):
@@ -23,15 +22,6 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         print_error(f"{self.prog}: {message} (see {self.prog} --help)")
         sys.exit(2)
-
-
-def _resolve_model(path: str) -> str:
-    """``digits`` names the bundled fake-quant demo model (unless a file of that name exists)."""
-    if path == BUNDLED and not os.path.exists(path):
-        from .models.bundled import default_model_path
-
-        return str(default_model_path())
-    return path
 
 
 def _add_rewrite(sub) -> None:
@@ -43,7 +33,7 @@ def _add_rewrite(sub) -> None:
         "int8 x int8 -> int32, Softmax/GELU/LayerNorm become Shiftmax/ShiftGELU/ILayerNorm of the "
         "private opset ai.ivit (with ONNX function bodies, so stock onnxruntime runs the result).",
     )
-    p.add_argument("model", help=f"input QDQ .onnx file, or '{BUNDLED}' for the bundled demo model")
+    p.add_argument("model", help=f"input QDQ .onnx file, or '{ALIAS}' for the bundled demo model")
     p.add_argument("-o", "--output", required=True, help="output .onnx path (written only on success)")
     p.add_argument(
         "--allow-float",
@@ -74,6 +64,15 @@ def _add_rewrite(sub) -> None:
         help="finest exp grid for Shiftmax/ShiftGELU: inputs whose 1/scale is below this are "
         "upscaled exactly first (default 1024)",
     )
+    p.add_argument(
+        "--ln-fraction-bits", type=int, default=30, help="ILayerNorm's output fraction bits p (default 30)"
+    )
+    p.add_argument(
+        "--max-row",
+        type=int,
+        default=4096,
+        help="row length assumed for Shiftmax's overflow proof when the shape is dynamic (default 4096)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
 
@@ -89,13 +88,15 @@ def _run_rewrite(args) -> int:
         if path:
             check_output_path(path)
     _, report = rewrite(
-        _resolve_model(args.model),
+        resolve(args.model),
         args.output,
         allow_float=args.allow_float,
         scale_table=args.scales,
         stop_after=args.stop_after,
         gelu_bits=args.gelu_bits,
         min_x0=args.min_x0,
+        ln_fraction_bits=args.ln_fraction_bits,
+        max_row=args.max_row,
         external_data=True if args.external_data else None,
     )
     if args.report:
@@ -247,7 +248,7 @@ def _run_compile(args) -> int:
 
     backend = _tvm()
     out = Path(check_output_path(args.output))
-    model = load_model(_resolve_model(args.model))
+    model = load_model(resolve(args.model))
     shapes = compile_shapes(model, args.shape, args.model)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -25,7 +25,7 @@ from .io import atomic_output, default_opset, ensure_opset, fold_quantized_weigh
 
 @dataclass
 class Options:
-    """Conversion settings (CLI flags map one to one)."""
+    """Conversion settings; each has an ``ivit-onnx rewrite`` flag (``scale_table``: ``--scales``)."""
 
     allow_float: bool = False  #: keep unconvertible regions as DQ → float → Q instead of failing
     gelu_bits: int = 15  #: fraction bits of ShiftGELU's sigmoid

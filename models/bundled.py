@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 _HERE = Path(__file__).parent
 FQ_NAME = "digits_vit_fq.onnx"
 FP32_NAME = "digits_vit_fp32.onnx"
 INFO_NAME = "digits_vit.json"
+#: the name every command accepts for the bundled models (a file of that name wins)
+ALIAS = "digits"
+
+
+def resolve(arg: str, fp32: bool = False) -> str:
+    """``digits`` (unless a file of that name exists) names the bundled fake-quant (or FP32) digits ViT."""
+    if arg == ALIAS and not os.path.exists(arg):
+        return str(default_fp32_path() if fp32 else default_model_path())
+    return arg
 
 
 def default_model_path() -> Path:

@@ -71,3 +71,21 @@ def test_help_documents_every_option():
         "--min-x0",
     ):
         assert opt in r.stdout
+
+
+def test_every_conversion_option_has_a_rewrite_flag():
+    """Options' docstring promises a flag per field (scale_table: --scales); a new field needs one."""
+    import dataclasses
+
+    from ivit_onnx.cli import build_parser
+    from ivit_onnx.pipeline import Options
+
+    parser = build_parser()
+    rewrite = next(a for a in parser._actions if a.choices and "rewrite" in a.choices).choices["rewrite"]
+    flags = {s for a in rewrite._actions for s in a.option_strings}
+    for f in dataclasses.fields(Options):
+        assert ("--scales" if f.name == "scale_table" else "--" + f.name.replace("_", "-")) in flags, f.name
+    args = parser.parse_args(
+        ["rewrite", "m.onnx", "-o", "x.onnx", "--max-row", "128", "--ln-fraction-bits", "28"]
+    )
+    assert (args.max_row, args.ln_fraction_bits) == (128, 28)

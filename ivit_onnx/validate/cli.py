@@ -7,8 +7,9 @@ import json
 
 from ..errors import guarded
 from ..io import atomic_output, check_output_path
+from ..models.bundled import ALIAS as BUNDLED_ALIAS
 from ..runners import INT_BACKENDS
-from .options import BUNDLED_ALIAS, DEFAULT_MIN_AGREEMENT, DEFAULT_MIN_SQNR, DEFAULT_SAMPLES, ValidateOptions
+from .options import DEFAULT_MIN_AGREEMENT, DEFAULT_MIN_SQNR, DEFAULT_SAMPLES, ValidateOptions
 from .render import render
 
 EPILOG = """\

@@ -12,11 +12,11 @@ from google.protobuf.message import DecodeError
 from ..errors import first_line
 from ..inputs import InputError
 from ..io import check_names
+from ..models.bundled import resolve
 
 DEFAULT_SAMPLES = 32  # random samples: enough for a stable cosine/SQNR, cheap for a ViT
 DEFAULT_MIN_AGREEMENT = 0.99
 DEFAULT_MIN_SQNR = 15.0  # dB; a cosine of 0.99 with the error orthogonal to the signal is ~17 dB
-BUNDLED_ALIAS = "digits"  # --fake-quant/--fp32 value naming the bundled digits models
 
 
 @dataclass
@@ -48,18 +48,9 @@ class ValidateOptions:
 
     def models(self) -> tuple[onnx.ModelProto, onnx.ModelProto | None, onnx.ModelProto | None]:
         """The integer model, the fake-quant model and the FP32 model (None where not given)."""
-        fq = load_onnx(bundled_path(self.fake_quant)) if self.fake_quant else None
-        fp32 = load_onnx(bundled_path(self.fp32, fp32=True)) if self.fp32 else None
+        fq = load_onnx(resolve(self.fake_quant)) if self.fake_quant else None
+        fp32 = load_onnx(resolve(self.fp32, fp32=True)) if self.fp32 else None
         return load_onnx(self.model), fq, fp32
-
-
-def bundled_path(arg: str, fp32: bool = False) -> str:
-    """``digits`` (unless a file of that name exists) names the bundled fake-quant / FP32 digits ViT."""
-    if arg == BUNDLED_ALIAS and not os.path.exists(arg):
-        from ivit_onnx.models.bundled import default_fp32_path, default_model_path
-
-        return str(default_fp32_path() if fp32 else default_model_path())
-    return arg
 
 
 def load_onnx(path: str) -> onnx.ModelProto:
