@@ -25,6 +25,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def _add_rewrite(sub) -> None:
+    from .pipeline import Options
+
     p = sub.add_parser(
         "rewrite",
         help="convert a fake-quant (QDQ) ONNX model to integer-only ONNX",
@@ -54,25 +56,21 @@ def _add_rewrite(sub) -> None:
         action="store_true",
         help="write the weights to OUTPUT.data next to the model (automatic above protobuf's 2 GiB limit)",
     )
-    p.add_argument(
-        "--gelu-bits", type=int, default=15, help="fraction bits of ShiftGELU's sigmoid (default 15)"
-    )
-    p.add_argument(
-        "--min-x0",
-        type=int,
-        default=1024,
-        help="finest exp grid for Shiftmax/ShiftGELU: inputs whose 1/scale is below this are "
-        "upscaled exactly first (default 1024)",
-    )
-    p.add_argument(
-        "--ln-fraction-bits", type=int, default=30, help="ILayerNorm's output fraction bits p (default 30)"
-    )
-    p.add_argument(
-        "--max-row",
-        type=int,
-        default=4096,
-        help="row length assumed for Shiftmax's overflow proof when the shape is dynamic (default 4096)",
-    )
+    defaults = Options()  # the flags' defaults are the API's
+    for name, what in (
+        ("gelu_bits", "fraction bits of ShiftGELU's sigmoid"),
+        (
+            "min_x0",
+            "finest exp grid for Shiftmax/ShiftGELU: inputs whose 1/scale is below this are upscaled "
+            "exactly first",
+        ),
+        ("ln_fraction_bits", "ILayerNorm's output fraction bits p"),
+        ("max_row", "row length assumed for Shiftmax's overflow proof when the shape is dynamic"),
+    ):
+        default = getattr(defaults, name)
+        p.add_argument(
+            "--" + name.replace("_", "-"), type=int, default=default, help=f"{what} (default {default})"
+        )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
 
