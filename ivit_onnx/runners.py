@@ -14,7 +14,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-INT_BACKENDS = ("library", "functions", "reference")
+INT_BACKENDS = ("library", "functions", "interpreter")
+#: former backend names still accepted (#13: "reference" meant four things; this backend is the interpreter)
+BACKEND_ALIASES = {"reference": "interpreter"}
 
 
 def node_outputs(model: onnx.ModelProto) -> list[str]:
@@ -188,9 +190,10 @@ class OrtRunner(Runner):
 
 
 class ReferenceRunner(Runner):
-    """``onnx.reference`` with the private ops on their numpy reference kernels (slow; exact)."""
+    """The interpreter backend: ``onnx.reference`` with the private ops on their numpy reference kernels
+    (slow; exact)."""
 
-    name = "reference"
+    name = "interpreter"
 
     def __init__(self, model: onnx.ModelProto, threads: int | None = None):
         super().__init__(model, threads)
@@ -211,7 +214,9 @@ class ReferenceRunner(Runner):
 
 def make_runner(backend: str, model: onnx.ModelProto, threads: int | None = None,
                 u8_gemm: bool | None = None) -> Runner:
-    """The runner for ``backend``: one of :data:`INT_BACKENDS` or ``onnxruntime``."""
-    if backend == "reference":
-        return ReferenceRunner(model, threads)
+    """The runner for ``backend``: one of :data:`INT_BACKENDS` (or an alias) or ``onnxruntime``."""
+    if BACKEND_ALIASES.get(backend, backend) == "interpreter":
+        runner = ReferenceRunner(model, threads)
+        runner.name = backend  # reported as the caller spelled it
+        return runner
     return OrtRunner(model, backend, threads, u8_gemm)

@@ -8,7 +8,7 @@ import json
 from ..errors import guarded
 from ..io import atomic_output, check_output_path
 from ..models.bundled import ALIAS as BUNDLED_ALIAS
-from ..runners import INT_BACKENDS
+from ..runners import BACKEND_ALIASES, INT_BACKENDS
 from .options import DEFAULT_MIN_AGREEMENT, DEFAULT_MIN_SQNR, DEFAULT_SAMPLES, ValidateOptions
 from .render import render
 
@@ -36,7 +36,7 @@ inception (same, mean=std=0.5), raw (resize to the input size, [0, 1]).
 
 def _backends(text: str) -> list[str]:
     names = [b.strip() for b in text.split(",") if b.strip()]
-    bad = [b for b in names if b not in INT_BACKENDS]
+    bad = [b for b in names if b not in INT_BACKENDS and b not in BACKEND_ALIASES]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown backend(s) {bad}; choose from {', '.join(INT_BACKENDS)}")
     return list(dict.fromkeys(names))
@@ -61,9 +61,10 @@ def parser() -> argparse.ArgumentParser:
         default=["library"],
         metavar="LIST",
         help="comma list of library (the native onnxruntime custom-op library; where it was not "
-        "built, onnxruntime-extensions with the numpy kernels), functions, reference; the "
-        "first is compared with the references, the others must agree with it bit for bit "
-        "(default: library)",
+        "built, onnxruntime-extensions with the numpy kernels), functions (the ONNX function bodies in "
+        "stock onnxruntime), interpreter (onnx.reference running the numpy kernels; 'reference' "
+        "still works); the first is compared with the fake-quant/FP32 models, the others must agree "
+        "with it bit for bit (default: library)",
     )
     g.add_argument(
         "--threads", type=int, default=None, metavar="N", help="onnxruntime intra-op threads (default: all)"

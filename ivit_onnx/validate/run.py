@@ -12,7 +12,7 @@ import onnx
 from .. import compare
 from ..errors import one_line
 from ..inputs import input_specs, load_dataset
-from ..runners import INT_BACKENDS, OrtRunner, Runner, make_runner, node_outputs, producers
+from ..runners import OrtRunner, Runner, make_runner, node_outputs, producers
 from .checks import check_certificate, check_onnx, check_opset
 from .metrics import comparison_table, fake_quant_checks
 from .options import ValidateOptions
@@ -181,7 +181,7 @@ class Session:
                 r.prepare()
                 out[label] = r
             except Exception as e:  # noqa: BLE001 - session creation failures are failed checks
-                what = f"run: {label}" if label in INT_BACKENDS else f"load reference: {label}"
+                what = f"run: {label}" if label in self.opts.backends else f"load reference: {label}"
                 self.checks.append(Check(what, FAILED, one_line(e)))
         return out
 

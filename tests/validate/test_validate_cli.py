@@ -38,6 +38,32 @@ def status(out: str, check: str) -> str:
 # ------------------------------------------------------------------------------------------ passing
 
 
+def test_api_result_is_what_the_json_dumps(tiny, tmp_path, capsys):
+    """``validate(options)`` returns the result object; the CLI's --json is its ``as_dict()``; the new
+    spellings (--fake-quant, the interpreter backend) run like the old ones."""
+    from ivit_onnx.validate import ValidateOptions, validate
+
+    opts = ValidateOptions(str(tiny.int), backends=["interpreter", "library"], fake_quant=str(tiny.fq))
+    result = validate(opts)
+    assert result.passed and result.exit_code == 0
+    assert status_of(result, "bit-exact: library == interpreter") == "PASSED"
+    report = tmp_path / "r.json"
+    code, out, _ = run_main(capsys, tiny.int, "--backends", "interpreter,library", "--fake-quant", tiny.fq,
+                            "--json", report)
+    data = json.loads(report.read_text())
+    assert code == 0 and "run: interpreter" in out
+    mine = result.as_dict()
+    for d in (mine, data):  # throughput is measured, the rest is determined
+        d.pop("throughput")
+        for c in d["checks"]:
+            c["summary"] = "" if c["name"].startswith("run") else c["summary"]
+    assert mine == data
+
+
+def status_of(result, name: str) -> str:
+    return next(c.status for c in result.checks if c.name == name)
+
+
 def test_converted_model_passes_every_check(tiny, capsys, tmp_path):
     report = tmp_path / "r.json"
     code, out, err = run_main(capsys, tiny.int, "--backends", "library,functions,reference",
