@@ -1,8 +1,8 @@
 """Re-encode int8 GEMM operands as uint8 with zero point +128, exactly, for onnxruntime's fast u8 GEMM.
 
 onnxruntime's MatMulInteger/ConvInteger are several times faster with uint8 activations than with int8 x
-int8 (FACTS.md; ~10x for DeiT's shapes on AVX-512). The integer graph keeps int8 (what TVM's int8 tensor
-cores want), so the ORT runner applies this at session time: a producer of an int8 tensor (one of the
+int8 (onnxruntime 1.31: ~10x for DeiT's shapes on AVX-512). The integer graph keeps int8 (what TVM's int8
+tensor cores want), so the ORT runner applies this at session time: a producer of an int8 tensor (one of the
 private ops, or QuantizeLinear) writes ``u = i + 128`` as uint8 instead -- its zero point and clip
 bounds move by 128, which is exact -- and every consumer gets the zero point moved by 128 too, so the
 int32 accumulators, and everything after them, are bit-identical. A producer is re-encoded only when
