@@ -67,13 +67,7 @@ def _run(backend: str, model: onnx.ModelProto, x: np.ndarray, extra=()) -> dict:
     return make_runner(backend, model, threads=1).run_with({"input": x}, list(extra))
 
 
-#: onnxruntime's asymmetric export trips ivit_onnx/bias_fold.py (#15's; a (1,)-shaped zero point)
-_BIAS_FOLD_BUG = pytest.mark.xfail(reason="bias_fold: int() of a (1,)-shaped zero point", strict=True)
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=_BIAS_FOLD_BUG) if n == "ort_uint8_asym" else n for n in sorted(CONFIGS)]
-)
+@pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_swin_converts_strict_and_bit_exact(name, tmp_path):
     fq_path, torch_model = _fake_quant(tmp_path, name)
     model, report = rewrite(fq_path)  # strict: raises on any float island
