@@ -9,7 +9,7 @@ inputs read only by QuantizeLinear (as its ``x``), the scale operands of Quantiz
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -18,8 +18,9 @@ from onnx import helper, inliner
 STANDARD_DOMAINS = ("", "ai.onnx")
 
 
-@dataclass(frozen=True)
-class Offender:
+class Offender(NamedTuple):
+    """A float tensor inside the integer region: the node that makes it, the tensor, its type."""
+
     node: str
     tensor: str
     dtype: str

@@ -15,6 +15,41 @@ import time
 from .errors import ConversionError, guarded, one_line, print_error
 from .models.bundled import ALIAS, resolve
 
+#: subcommand -> (one-line help, description)
+COMMANDS = {
+    "rewrite": (
+        "convert a fake-quant (QDQ) ONNX model to integer-only ONNX",
+        (
+            "Convert a fake-quant (QuantizeLinear/DequantizeLinear) ONNX vision transformer into an "
+            "integer-only ONNX graph: scales fold into dyadic multipliers, MatMul/Gemm/Conv become "
+            "int8 x int8 -> int32, Softmax/GELU/LayerNorm become Shiftmax/ShiftGELU/ILayerNorm of the "
+            "private opset ai.ivit (with ONNX function bodies, so stock onnxruntime runs the result)."
+        ),
+    ),
+    "compile": (
+        "compile an integer model with TVM (needs the tvm extra)",
+        (
+            "Compile an integer-only model with TVM: inline the private ops' function bodies, "
+            "import with TVM's Relax ONNX frontend, build with tvm.compile and write a loadable library "
+            "(.so) with a .json sidecar describing its inputs, outputs and target."
+        ),
+    ),
+    "run": (
+        "run a compiled library on an .npz of inputs (or random inputs)",
+        (
+            "Run a library written by 'ivit-onnx compile' (llvm on this CPU, cuda on GPU 0) on "
+            "the inputs of an .npz file, keyed by input name, or on seeded random inputs; print each "
+            "output's type, shape and mean, and optionally save the outputs as .npz."
+        ),
+    ),
+}
+
+
+def _subcommand(sub, name: str):
+    """The subparser ``name`` with its help and description from :data:`COMMANDS`."""
+    helptext, description = COMMANDS[name]
+    return sub.add_parser(name, help=helptext, description=description)
+
 
 class Parser(argparse.ArgumentParser):
     """argparse with usage errors on one line under the common prefix (exit 2)."""
@@ -27,14 +62,7 @@ class Parser(argparse.ArgumentParser):
 def _add_rewrite(sub) -> None:
     from .pipeline import Options
 
-    p = sub.add_parser(
-        "rewrite",
-        help="convert a fake-quant (QDQ) ONNX model to integer-only ONNX",
-        description="Convert a fake-quant (QuantizeLinear/DequantizeLinear) ONNX vision transformer into an "
-        "integer-only ONNX graph: scales fold into dyadic multipliers, MatMul/Gemm/Conv become "
-        "int8 x int8 -> int32, Softmax/GELU/LayerNorm become Shiftmax/ShiftGELU/ILayerNorm of the "
-        "private opset ai.ivit (with ONNX function bodies, so stock onnxruntime runs the result).",
-    )
+    p = _subcommand(sub, "rewrite")
     p.add_argument("model", help=f"input QDQ .onnx file, or '{ALIAS}' for the bundled demo model")
     p.add_argument("-o", "--output", required=True, help="output .onnx path (written only on success)")
     p.add_argument(
@@ -106,13 +134,7 @@ def _run_rewrite(args) -> int:
 
 
 def _add_tvm(sub) -> None:
-    p = sub.add_parser(
-        "compile",
-        help="compile an integer model with TVM (needs the tvm extra)",
-        description="Compile an integer-only model with TVM: inline the private ops' function bodies, "
-        "import with TVM's Relax ONNX frontend, build with tvm.compile and write a loadable library "
-        "(.so) with a .json sidecar describing its inputs, outputs and target.",
-    )
+    p = _subcommand(sub, "compile")
     p.add_argument("model", help="integer-only .onnx (from 'ivit-onnx rewrite')")
     p.add_argument("-o", "--output", required=True, help="output library path (.so); the sidecar is .json")
     p.add_argument("--target", choices=["llvm", "cuda"], default="llvm", help="TVM target (default llvm)")
@@ -128,13 +150,7 @@ def _add_tvm(sub) -> None:
         "dimension as 1; any other symbolic dimension must be given here",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
-    r = sub.add_parser(
-        "run",
-        help="run a compiled library on an .npz of inputs (or random inputs)",
-        description="Run a library written by 'ivit-onnx compile' (llvm on this CPU, cuda on GPU 0) on "
-        "the inputs of an .npz file, keyed by input name, or on seeded random inputs; print each "
-        "output's type, shape and mean, and optionally save the outputs as .npz.",
-    )
+    r = _subcommand(sub, "run")
     r.add_argument("library", help="the .so written by 'ivit-onnx compile' (its .json sidecar next to it)")
     r.add_argument("--data", metavar="NPZ", help="inputs by name (default: random, seed 0)")
     r.add_argument("--out", metavar="NPZ", help="write the outputs here")

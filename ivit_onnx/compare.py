@@ -38,6 +38,8 @@ def describe_difference(a: np.ndarray, b: np.ndarray) -> str:
 
 @dataclass
 class Mismatch:
+    """The first tensor two backends disagree on, the node that makes it, and how they differ."""
+
     tensor: str
     node: str
     detail: str

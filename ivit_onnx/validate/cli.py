@@ -34,6 +34,12 @@ inception (same, mean=std=0.5), raw (resize to the input size, [0, 1]).
 """
 
 
+PER_LAYER = (
+    "compare every intermediate tensor: bit-exact across backends, and dequantized vs the fake-quant "
+    "tensor it replaces (first batch), marking where divergence starts"
+)
+
+
 def _backends(text: str) -> list[str]:
     names = [b.strip() for b in text.split(",") if b.strip()]
     bad = [b for b in names if b not in INT_BACKENDS and b not in BACKEND_ALIASES]
@@ -131,12 +137,7 @@ def parser() -> argparse.ArgumentParser:
         help=f"top-1 agreement vs --fake-quant ({DEFAULT_MIN_AGREEMENT}; on random inputs only "
         "checked when given)",
     )
-    g.add_argument(
-        "--per-layer",
-        action="store_true",
-        help="compare every intermediate tensor: bit-exact across backends, and dequantized vs "
-        "the fake-quant tensor it replaces (first batch), marking where divergence starts",
-    )
+    g.add_argument("--per-layer", action="store_true", help=PER_LAYER)
     g.add_argument("--json", metavar="FILE", help="write the full results as JSON")
     g.add_argument("--progress", action="store_true", help="progress bar on stderr even when not a TTY")
     return p
