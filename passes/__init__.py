@@ -10,27 +10,13 @@ from .fuse_softmax import FuseSoftmax
 from .lower_integer import LowerInteger
 from .normalize import Normalize
 
+#: the converter's passes, in order (``Pipeline.default()`` instantiates them)
+PASSES = (Normalize, FuseGelu, FuseLayerNorm, FuseSoftmax, LowerInteger, AttachFunctions, Finalize)
+
 
 def default_passes():
     """normalize → fuse_gelu → fuse_layernorm → fuse_softmax → lower_integer → attach_functions → finalize."""
-    return [
-        Normalize(),
-        FuseGelu(),
-        FuseLayerNorm(),
-        FuseSoftmax(),
-        LowerInteger(),
-        AttachFunctions(),
-        Finalize(),
-    ]
+    return [p() for p in PASSES]
 
 
-__all__ = [
-    "AttachFunctions",
-    "Finalize",
-    "FuseGelu",
-    "FuseLayerNorm",
-    "FuseSoftmax",
-    "LowerInteger",
-    "Normalize",
-    "default_passes",
-]
+__all__ = [p.__name__ for p in PASSES] + ["PASSES", "default_passes"]
