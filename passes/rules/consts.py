@@ -12,7 +12,9 @@ from onnx.reference import ReferenceEvaluator
 
 from ivit_onnx.graph import const_array, producer
 
-MAX_NODES = 64  #: larger constant subgraphs are left alone (they are not operands like pads or masks)
+#: the walk up from a tensor stops after this many tensors: constant operands (pads, masks) come from a few
+#: nodes, and a residual stream's operand is not walked back through the whole graph for every Add
+MAX_NODES = 64
 
 
 def _subgraph(t: gs.Tensor, nodes: list, seen: set) -> bool:
@@ -20,7 +22,7 @@ def _subgraph(t: gs.Tensor, nodes: list, seen: set) -> bool:
     if isinstance(t, gs.Constant) or t.name in seen:
         return True
     node = producer(t)
-    if node is None or len(nodes) >= MAX_NODES or node.op in ("QuantizeLinear", "DequantizeLinear"):
+    if node is None or len(seen) >= MAX_NODES or node.op in ("QuantizeLinear", "DequantizeLinear"):
         return False
     seen.add(t.name)
     if not all(_subgraph(x, nodes, seen) for x in node.inputs if x.name):
