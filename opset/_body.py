@@ -107,6 +107,11 @@ class Body:
         """Elementwise min of int64 ``a``, ``b``: ``Where(Less(b, a), b, a)`` (not Min: module doc)."""
         return self.op("Where", self.op("Less", b, a), b, a)
 
+    def requantize_out(self, t: str) -> str:
+        """The tail of every requantizing op: ``y = saturate(round_shift(t, shift) + y_zero_point)``."""
+        y = self.op("Add", self.round_shift(t, "shift"), self.i64("y_zero_point"))
+        return self.saturate(y, "y_zero_point", out="y")
+
     def saturate(self, y: str, like: str, out: str | None = None) -> str:
         """Clip int64 ``y`` to ``[qmin, qmax]`` (attributes) and cast to the type of ``like``.
 

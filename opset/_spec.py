@@ -27,9 +27,16 @@ class Port:
     doc: str
 
 
+#: the last input of every op: the output's zero point, whose type is the output type
+Y_ZERO_POINT = Port("y_zero_point", QUANT_OUT, "output zero point; its type is the output type")
+#: the saturation bounds of the ops that requantize their output
+SATURATION = {"qmin": "lowest output value", "qmax": "highest output value"}
+
+
 @dataclass(frozen=True)
 class OpSpec:
-    """One op of the private opset; the numpy ``reference`` is the normative definition."""
+    """One op of the private opset; the numpy ``reference`` is the normative definition. ``doc`` may be
+    the op module's docstring: its first line is kept."""
 
     name: str
     doc: str
@@ -38,6 +45,9 @@ class OpSpec:
     attributes: dict[str, str]
     reference: Callable[..., np.ndarray]
     body: Callable[[Body], None]
+
+    def __post_init__(self):
+        object.__setattr__(self, "doc", self.doc.strip().splitlines()[0])
 
     def output_dtype(self, input_dtypes: list) -> np.dtype:
         """Every op writes the dtype of its last input, ``y_zero_point`` (as QuantizeLinear does)."""

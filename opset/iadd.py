@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import _int
 from ._body import Body
-from ._spec import I64, INT_IN, QUANT_OUT, OpSpec, Port
+from ._spec import I64, INT_IN, QUANT_OUT, SATURATION, Y_ZERO_POINT, OpSpec, Port
 
 
 def reference(a, b, a_zero_point, b_zero_point, a_multiplier, b_multiplier, shift, y_zero_point, *,
@@ -24,13 +24,12 @@ def reference(a, b, a_zero_point, b_zero_point, a_multiplier, b_multiplier, shif
 def body(g: Body) -> None:
     ta = g.op("Mul", g.op("Sub", g.i64("a"), g.i64("a_zero_point")), "a_multiplier")
     tb = g.op("Mul", g.op("Sub", g.i64("b"), g.i64("b_zero_point")), "b_multiplier")
-    y = g.op("Add", g.round_shift(g.op("Add", ta, tb), "shift"), g.i64("y_zero_point"))
-    g.saturate(y, "y_zero_point", out="y")
+    g.requantize_out(g.op("Add", ta, tb))
 
 
 SPEC = OpSpec(
     name="IAdd",
-    doc=__doc__.splitlines()[0],
+    doc=__doc__,
     inputs=(
         Port("a", INT_IN, "first addend"),
         Port("b", INT_IN, "second addend (broadcasts)"),
@@ -39,10 +38,10 @@ SPEC = OpSpec(
         Port("a_multiplier", I64, "ma: s_a/s_y = ma/2**c"),
         Port("b_multiplier", I64, "mb: s_b/s_y = mb/2**c"),
         Port("shift", I64, "c in 0..62 (scalar)"),
-        Port("y_zero_point", QUANT_OUT, "output zero point; its type is the output type"),
+        Y_ZERO_POINT,
     ),
     output=Port("y", QUANT_OUT, "sum, requantized"),
-    attributes={"qmin": "lowest output value", "qmax": "highest output value"},
+    attributes=SATURATION,
     reference=reference,
     body=body,
 )

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _int
 from ._body import Body
-from ._spec import I64, INT_IN, QUANT_OUT, OpSpec, Port
+from ._spec import I64, INT_IN, QUANT_OUT, SATURATION, Y_ZERO_POINT, OpSpec, Port
 
 #: Newton steps; from a start within 2x above the root, 6 suffice for 62-bit values.
 SQRT_STEPS = 10
@@ -67,24 +67,23 @@ def body(g: Body) -> None:
     f = g.op("Div", g.const(1 << 61), _isqrt_body(g, v))
     u = g.floor_shift(g.op("Mul", d, f), g.op("Sub", g.const(61), g.attr_int("p")))
     t = g.op("Add", g.op("Mul", u, "multiplier"), "bias")
-    y = g.op("Add", g.round_shift(t, "shift"), g.i64("y_zero_point"))
-    g.saturate(y, "y_zero_point", out="y")
+    g.requantize_out(t)
 
 
 SPEC = OpSpec(
     name="ILayerNorm",
-    doc=__doc__.splitlines()[0],
+    doc=__doc__,
     inputs=(
         Port("x", INT_IN, "input rows (int8/int16, or int32 within the precondition)"),
         Port("multiplier", I64, "b per channel (signed: gamma's sign)"),
         Port("shift", I64, "c per channel, 0..62"),
         Port("bias", I64, "beta/s_y * 2**c per channel"),
-        Port("y_zero_point", QUANT_OUT, "output zero point; its type is the output type"),
+        Y_ZERO_POINT,
     ),
     output=Port("y", QUANT_OUT, "LayerNorm(x), requantized"),
     attributes={"shift_in": "x and its mean scaled by 2**shift_in before centring",
                 "p": "fraction bits of the normalized value",
-                "qmin": "lowest output value", "qmax": "highest output value"},
+                **SATURATION},
     reference=reference,
     body=body,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import _int
 from ._body import Body
-from ._spec import I64, INT_IN, QUANT_OUT, OpSpec, Port
+from ._spec import I64, INT_IN, QUANT_OUT, SATURATION, Y_ZERO_POINT, OpSpec, Port
 
 
 def reference(x, x_zero_point, multiplier, shift, y_zero_point, *, qmin: int, qmax: int):
@@ -21,22 +21,21 @@ def reference(x, x_zero_point, multiplier, shift, y_zero_point, *, qmin: int, qm
 
 def body(g: Body) -> None:
     t = g.op("Mul", g.op("Sub", g.i64("x"), g.i64("x_zero_point")), "multiplier")
-    y = g.op("Add", g.round_shift(t, "shift"), g.i64("y_zero_point"))
-    g.saturate(y, "y_zero_point", out="y")
+    g.requantize_out(t)
 
 
 SPEC = OpSpec(
     name="Requantize",
-    doc=__doc__.splitlines()[0],
+    doc=__doc__,
     inputs=(
         Port("x", INT_IN, "integer input"),
         Port("x_zero_point", INT_IN, "zero point of x (scalar, x's type)"),
         Port("multiplier", I64, "b, broadcast against x"),
         Port("shift", I64, "c in 0..62, same shape as b"),
-        Port("y_zero_point", QUANT_OUT, "output zero point; its type is the output type"),
+        Y_ZERO_POINT,
     ),
     output=Port("y", QUANT_OUT, "requantized tensor"),
-    attributes={"qmin": "lowest output value", "qmax": "highest output value"},
+    attributes=SATURATION,
     reference=reference,
     body=body,
 )

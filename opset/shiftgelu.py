@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _int
 from ._body import Body
-from ._spec import I64, INT_IN, QUANT_OUT, OpSpec, Port
+from ._spec import I64, INT_IN, QUANT_OUT, SATURATION, Y_ZERO_POINT, OpSpec, Port
 from .shift_exp import int_div, int_div_body, shift_exp, shift_exp_body
 
 
@@ -43,22 +43,21 @@ def body(g: Body) -> None:
     e2 = shift_exp_body(g, g.op("Neg", m), x0, n)
     sg = int_div_body(g, e1, g.op("Add", e1, e2), bits)
     t = g.op("Mul", g.op("Mul", x, sg), "multiplier")
-    y = g.op("Add", g.round_shift(t, "shift"), g.i64("y_zero_point"))
-    g.saturate(y, "y_zero_point", out="y")
+    g.requantize_out(t)
 
 
 SPEC = OpSpec(
     name="ShiftGELU",
-    doc=__doc__.splitlines()[0],
+    doc=__doc__,
     inputs=(
         Port("x", INT_IN, "pre-activation (int8/int16 or an int32 accumulator)"),
         Port("multiplier", I64, "b: s * 2**-bits / s_y = b/2**c"),
         Port("shift", I64, "c in 0..62"),
-        Port("y_zero_point", QUANT_OUT, "output zero point; its type is the output type"),
+        Y_ZERO_POINT,
     ),
     output=Port("y", QUANT_OUT, "GELU(x), requantized"),
     attributes={"x0": "round(1/(1.702 s)) >= 1", "n": "exp left shift N", "bits": "sigmoid fraction bits",
-                "qmin": "lowest output value", "qmax": "highest output value"},
+                **SATURATION},
     reference=reference,
     body=body,
 )

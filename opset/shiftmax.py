@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from . import _int
 from ._body import Body
-from ._spec import INT_IN, QUANT_OUT, OpSpec, Port
+from ._spec import INT_IN, QUANT_OUT, Y_ZERO_POINT, OpSpec, Port
 from .shift_exp import int_div, int_div_body, shift_exp, shift_exp_body
 
 
@@ -37,10 +37,10 @@ def body(g: Body) -> None:
 
 SPEC = OpSpec(
     name="Shiftmax",
-    doc=__doc__.splitlines()[0],
+    doc=__doc__,
     inputs=(
         Port("x", INT_IN, "scores (int8 or an int32 accumulator) with scale 1/x0"),
-        Port("y_zero_point", QUANT_OUT, "output zero point; its type is the output type"),
+        Y_ZERO_POINT,
     ),
     output=Port("y", QUANT_OUT, "probabilities, scale 2**-bits"),
     attributes={"x0": "round(1/s_x) >= 1", "n": "exp left shift N", "bits": "output fraction bits"},
