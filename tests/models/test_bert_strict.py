@@ -190,3 +190,23 @@ def test_tvm_llvm_bitexact(trained, test_split):
     expected = _logits(model, feeds, "functions")
     (out,) = compile_model(model, shape={k: [8, SEQ] for k in feeds}).run(feeds)
     np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.slow
+def test_larger_encoder_trained_longer(test_split, tmp_path):
+    """4 layers, hidden 64, 4 heads, 2048 sentences for 4 epochs (~1 minute): the same bars."""
+    model = train_text_bert(
+        epochs=4,
+        n_train=2048,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+    )
+    export_bert(model, tmp_path / "fp32.onnx", seq=SEQ)
+    export_bert(fake_quant_bert(model, _calibration()), tmp_path / "fq.onnx", seq=SEQ)
+    int_model, report = rewrite(tmp_path / "fq.onnx")
+    assert float_offenders(int_model) == [] and report.counts["lower_integer"]["Shiftmax"] == 4
+    _check_accuracy(
+        "4 layers, hidden 64", tmp_path / "fq.onnx", tmp_path / "fp32.onnx", int_model, test_split
+    )
