@@ -69,3 +69,13 @@ def test_declines_with_the_reason(case, op, reason):
         y = g.node("Mul", [x, g.const(-0.5)])
     g.output(g.qdq(y, 0.05))
     declines(g.model(), op, reason)
+
+
+def test_a_rule_that_cannot_compute_its_parameters_declines_with_the_error():
+    """A ValueError inside a rule (here: no IAdd shift fits a 1e17 scale ratio) stops strict mode naming
+    the node; with allow_float the node stays float with that reason."""
+    g = G()
+    x = g.input("x", [2, 6, 16])
+    y = g.node("Add", [g.qdq(x, 1.0), g.qdq(g.node("Mul", [x, g.const(0.5)]), 1.0)])
+    g.output(g.qdq(y, 1e-17))
+    declines(g.model(), "Add", "scale ratio too large for IAdd")
