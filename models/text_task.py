@@ -86,7 +86,8 @@ def train_text_bert(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m ivit_onnx.models.text_task OUT_DIR``: train, export FP32 and fake-quant ONNX, convert in
-    strict mode, and print accuracy (FP32, fake-quant, integer) and integer vs fake-quant agreement."""
+    strict mode, and print accuracy (FP32, fake-quant, integer) and integer vs fake-quant agreement; the test
+    split is saved as ``text_test.npz`` (inputs and labels) for ``python -m ivit_onnx.validate --data``."""
     import argparse
     from pathlib import Path
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime import ort_session
 
     p = argparse.ArgumentParser(prog="python -m ivit_onnx.models.text_task", description=main.__doc__)
-    p.add_argument("out", type=Path, help="folder for text_fp32.onnx, text_fq.onnx, text_int.onnx")
+    p.add_argument("out", type=Path, help="folder for text_{fp32,fq,int}.onnx and text_test.npz")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--train", type=int, default=1024, help="training sentences")
     p.add_argument("--test", type=int, default=1000, help="held-out sentences")
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     int_model, report = rewrite(paths["fq"], paths["int"])
     print(report.summary())
     test = make_split(args.test, 7)
+    np.savez(args.out / "text_test.npz", **test.feeds, labels=test.labels)  # for `ivit_onnx.validate --data`
     logits = {k: ort_session(paths[k]).run(None, test.feeds)[0] for k in ("fp32", "fq")}
     runner = make_runner(args.backend, int_model)
     logits["int"] = runner.run(test.feeds)[runner.output_names[0]]
