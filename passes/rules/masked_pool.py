@@ -8,7 +8,7 @@ the clipped token count. Its integer meaning, rule by rule:
 - ``ReduceSum`` of an integer tensor (``IntegerSum``): ``ReduceSum(int32(q - zp))``, the same scale, its
   bound times the axis length (int32, checked);
 - ``Clip`` of an integer tensor with float bounds on its grid (``GridClip``): the same Clip on the integers;
-- ``Div(sum, Clip(count, min > 0))`` followed by a QuantizeLinear (``MeanDiv``): with
+- ``Div(sum, count)``, the count an integer ``Clip`` made ``>= 1``, then a QuantizeLinear (``MeanDiv``): with
   ``M = s_sum / (s_count * s_y) ~ b / 2**c``, ``q_y = clip(floor((2*S*b + N*2**c) / (N*2**(c+1))) + zp_y)``,
   i.e. ``S*M/N`` rounded half up once, in int64 (floor division as ``(t - Mod(t, d)) / d``, exact for
   ``d > 0``). The dyadic ``M`` is the only approximation (relative error below ``2**-(bits-1)``);

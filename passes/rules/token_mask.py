@@ -6,7 +6,8 @@ one where it is 0, so it needs no scale: these rules carry it as a :class:`TwoVa
 laid out like the float tensor, and the two float values, computed here in float32 as the float graph
 computes them) and emit only the layout ops on the integer mask. The float nodes stay in place and are
 dropped when nothing float reads them; the consumers that turn a two-valued mask into integers are the
-attention mask rule (``mask.py``) and the masked mean pooling (``masked_pool.py``).
+attention mask (:class:`TokenMaskedAdd`, through ``mask.masked_scores``) and the masked mean pooling
+(``masked_pool.py``).
 Precondition (Hugging Face's convention): every mask entry is 0 or 1.
 """
 
