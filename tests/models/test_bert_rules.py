@@ -63,12 +63,15 @@ def test_masked_mean_is_the_exact_rounded_rational(zp_y):
     assert np.mean(got == ref) > 0.95
 
 
-def _masked_softmax(k: float):
-    """``Q(Softmax(DQ(Q(scores)) + (1 - mask) * k))`` with the mask broadcast over queries."""
+def _masked_softmax(k: float, expand: bool = False):
+    """``Q(Softmax(DQ(Q(scores)) + (1 - mask) * k))`` with the mask broadcast over queries (or expanded to
+    ``[B, 1, S, S]`` first, as Hugging Face's extended masks are)."""
     g = G()
     scores = g.qdq(g.input("s", [2, 1, 4, 4]), 0.05)
     m = g.node("Cast", [g.input("mask", [2, 4], TensorProto.INT64)], to=TensorProto.FLOAT)
     m = g.node("Unsqueeze", [m, g.const([1, 2], np.int64)])
+    if expand:
+        m = g.node("Expand", [m, g.const([2, 1, 4, 4], np.int64)])
     add = g.node("Mul", [g.node("Sub", [g.const(1.0), m]), g.const(k)])
     g.output(g.qdq(g.node("Softmax", [g.node("Add", [scores, add])], axis=-1), 1 / 256, 0, np.uint8))
     return g.model()
@@ -80,9 +83,10 @@ def test_small_additive_mask_is_refused_with_a_reason():
         rewrite(_masked_softmax(-1.0))
 
 
-def test_large_additive_mask_gives_exact_zeros():
-    """The same graph with -10000: strict, and the masked keys' probabilities are exactly 0."""
-    fq = _masked_softmax(-10000.0)
+@pytest.mark.parametrize("k, expand", [(-10000.0, False), (float(np.finfo(np.float32).min), True)])
+def test_large_additive_mask_gives_exact_zeros(k, expand):
+    """The same graph with -10000 (or finfo.min, expanded): strict, masked keys' probabilities exactly 0."""
+    fq = _masked_softmax(k, expand)
     model, _ = rewrite(fq)
     assert float_offenders(model) == []
     rng = np.random.default_rng(1)
