@@ -134,9 +134,15 @@ def fold_chains(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelPro
         dead.update(id(n) for n in (*chain, *([softmax] if softmax is not None else [])))
     if not replace:
         return out, 0
+    gone = {name for n in g.node if id(n) in dead or id(n) in replace for name in n.input}
     nodes = [replace.get(id(n), n) for n in g.node if id(n) not in dead]
     del g.node[:]
     g.node.extend(nodes)
+    if not any(a.g.node or a.graphs for n in nodes for a in n.attribute):  # no subgraph may read them
+        used = {name for n in nodes for name in n.input} | {o.name for o in g.output}
+        kept = [t for t in g.initializer if t.name not in gone or t.name in used]  # folded params go
+        del g.initializer[:]
+        g.initializer.extend(kept)
     out.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, 1))
     return out, len(replace)
 

@@ -104,6 +104,8 @@ def test_folded_chain_equals_the_reference(seed, mid, tail, per_channel):
     else:
         want = ["RequantizeShiftmax"] if softmax else ["RequantizeTable"]
     assert fused_ops(folded) == want and n == len(want)
+    used = {i for node in folded.graph.node for i in node.input}
+    assert all(t.name in used for t in folded.graph.initializer)  # no parameter of a folded op is left over
     ref = evaluator(model).run(None, feeds)[0]
     got = session(folded, "library", threads=2).run(None, feeds)[0]
     assert got.dtype == ref.dtype and np.array_equal(got, ref)
