@@ -129,7 +129,12 @@ class SwinTransformerBlock(nn.Module):
 
 
 class PatchMerging(nn.Module):
-    """2x2 neighbouring tokens concatenated (timm's order), normalized and projected to 2*dim."""
+    """2x2 neighbouring tokens concatenated (timm's order), normalized and projected to 2*dim.
+
+    ``strided = True`` gathers them as timm < 0.9 did (four strided slices and a Concat): the same function,
+    another exported form."""
+
+    strided = False
 
     def __init__(self, dim: int):
         super().__init__()
@@ -140,11 +145,14 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         H, W, C = _dims(x)
-        x = (
-            x.reshape(-1, H // 2, 2, W // 2, 2, C)
-            .permute(0, 1, 3, 4, 2, 5)
-            .reshape(-1, H // 2, W // 2, 4 * C)
-        )
+        if self.strided:
+            x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
+        else:
+            x = (
+                x.reshape(-1, H // 2, 2, W // 2, 2, C)
+                .permute(0, 1, 3, 4, 2, 5)
+                .reshape(-1, H // 2, W // 2, 4 * C)
+            )
         return self.q_reduction(self.reduction(self.q_norm(self.norm(x))))
 
 

@@ -31,6 +31,7 @@ CONFIGS = {
     "ort_uint8_asym": (dict(img_size=32, depths=(2, 2)), "uint8_asym"),
     "padded": (dict(img_size=28, depths=(2, 2)), "torchscript"),  # maps 14 and 7: windows of 4 pad to 16, 8
     "no_shift": (dict(img_size=32, depths=(1, 1)), "torchscript"),  # one unshifted block per stage
+    "strided_merge": (dict(img_size=32, depths=(1, 1), strided=True), "torchscript"),  # timm < 0.9 merging
 }
 
 
@@ -38,9 +39,13 @@ def _images(n: int, seed: int, size: int) -> np.ndarray:
     return np.random.RandomState(seed).randn(n, 3, size, size).astype(np.float32)
 
 
-def _model(img_size: int, depths) -> torch.nn.Module:
+def _model(img_size: int, depths, strided: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
-    return fan_in_init(S.swin(img_size, 2, 3, 10, 16, depths, (1, 2), 4, 2.0))
+    model = fan_in_init(S.swin(img_size, 2, 3, 10, 16, depths, (1, 2), 4, 2.0))
+    for m in model.modules():
+        if isinstance(m, S.PatchMerging):
+            m.strided = strided
+    return model
 
 
 def _fake_quant(tmp_path, name: str) -> tuple[str, torch.nn.Module]:

@@ -142,3 +142,12 @@ def test_maps_that_windows_do_not_divide_are_padded():
     assert model.layers[0].blocks[1].attn_mask.shape == (16, 16, 16)  # the padded map's 4x4 windows
     with torch.no_grad():
         assert model(images(2, 0)[:, :, :28, :28]).shape == (2, 10)
+
+
+def test_strided_patch_merging_is_the_same_function():
+    merge = swin_module.PatchMerging(8).eval()
+    x = torch.randn(2, 6, 6, 8)
+    with torch.no_grad():
+        plain = merge(x)
+        merge.strided = True
+        assert torch.equal(merge(x), plain)
