@@ -195,14 +195,8 @@ def test_tvm_llvm_bitexact(trained, test_split):
 @pytest.mark.slow
 def test_larger_encoder_trained_longer(test_split, tmp_path):
     """4 layers, hidden 64, 4 heads, 2048 sentences for 4 epochs (~1 minute): the same bars."""
-    model = train_text_bert(
-        epochs=4,
-        n_train=2048,
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=128,
-    )
+    larger = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 128}
+    model = train_text_bert(epochs=4, n_train=2048, **larger)
     export_bert(model, tmp_path / "fp32.onnx", seq=SEQ)
     export_bert(fake_quant_bert(model, _calibration()), tmp_path / "fq.onnx", seq=SEQ)
     int_model, report = rewrite(tmp_path / "fq.onnx")
