@@ -183,8 +183,11 @@ def test_sanitized_build_on_every_op_and_dtype_pair(tmp_path):
         "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
     }
     assert_all_pairs_pass(run_fresh(str(lib), examples=2, env=env))
-    fused = subprocess.run(  # the fused ops of ai.ivit.fused, on their own tests
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/opset/test_native_fused.py"],
+    # the fused ops of ai.ivit.fused on their own tests, but for the refusal: a C++ throw aborts under a
+    # preloaded libasan (its __cxa_throw interceptor finds no real one), so refusals are not run here
+    fused = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not refused",
+         "tests/opset/test_native_fused.py"],
         cwd=ROOT,
         env={**os.environ, "IVIT_NATIVE_LIB": str(lib), **env},
         capture_output=True,
