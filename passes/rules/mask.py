@@ -25,6 +25,7 @@ import onnx_graphsurgeon as gs
 
 from ivit_onnx import qparams
 from ivit_onnx.affine import Affine
+from ivit_onnx.graph import const_array
 
 from ..pattern import Op, Rule
 from .consts import constant_value
@@ -137,6 +138,8 @@ class MaskedAdd(Rule):
         scores, c = self._parts(lw, node)
         if scores is None:
             return "not integer scores plus a constant"
+        if quantized_sum(lw, node.outputs[0]) is not None:
+            return _quantized_plan(lw, node, scores, c)[1]
         softmax = softmax_after(node.outputs[0])
         if softmax is None:
             return "the sum does not reach a last-axis Softmax through reshapes"
@@ -151,6 +154,16 @@ class MaskedAdd(Rule):
     def _mask_rewrite(self, lw: Lowerer, m) -> Outcome:
         node = m.root
         scores, c = self._parts(lw, node)
+        if quantized_sum(lw, node.outputs[0]) is not None:
+            (t, fill, masked), _ = _quantized_plan(lw, node, scores, c)
+            y = lw.requantize(*lw.per_tensor(*lw.get(scores)), t, "mask_sum")  # the unmasked entries: S + 0
+            out = lw.node(
+                "Where", [lw.const(masked, "masked"), lw.zp(fill, t.dtype, "fill"), y], t.dtype, "mask"
+            )
+            out.shape = node.outputs[0].shape
+            lw.set(node.outputs[0], out, t)
+            lw.ctx.count("lower_integer", self.label)
+            return Outcome.HANDLED
         softmax = softmax_after(node.outputs[0])
         it, a = lw.get(scores)
         sym = Affine(a.scale, 0, np.int32, bound=a.bound) if a.per_tensor else qparams.per_tensor(a)
@@ -160,6 +173,79 @@ class MaskedAdd(Rule):
         out.shape = node.outputs[0].shape
         lw.set(node.outputs[0], out, t)
         return Outcome.HANDLED
+
+
+def _qdq_params(q: gs.Node) -> list | None:
+    """The scale and zero point of a QuantizeLinear/DequantizeLinear (constants), or None."""
+    v = [const_array(x) if x.name else None for x in q.inputs[1:3]]
+    return None if any(x is None for x in v) or len(v) < 2 else v
+
+
+def _same_pair(q: gs.Node, params: list) -> gs.Node | None:
+    """The DequantizeLinear after ``q`` when ``q`` → DQ round-trips with ``params`` (an integer no-op)."""
+    if q.op != "QuantizeLinear" or len(q.outputs[0].outputs) != 1:
+        return None
+    dq = q.outputs[0].outputs[0]
+    if dq.op != "DequantizeLinear":
+        return None
+    same = [_qdq_params(n) for n in (q, dq)]
+    ok = all(
+        v is not None and all(np.array_equal(a, b) for a, b in zip(v, params, strict=True)) for v in same
+    )
+    return dq if ok else None
+
+
+def quantized_sum(lw: Lowerer, t: gs.Tensor) -> tuple[Affine, gs.Node] | None:
+    """``(type, Softmax)`` when the masked sum ``t`` is quantized first (QuantizeLinear → DequantizeLinear,
+    one per-tensor type, as onnxruntime's quantizer places them; more such pairs of that type after its
+    reshapes) and then reaches a last-axis Softmax through reshapes."""
+    q = t.outputs[0] if len(t.outputs) == 1 else None
+    params = _qdq_params(q) if q is not None and q.op == "QuantizeLinear" else None
+    dq = _same_pair(q, params) if params is not None else None
+    if dq is None:
+        return None
+    t_q, x, last = lw.q_type(q, t), dq.outputs[0], (t.shape or [None])[-1]
+    while len(x.outputs) == 1:
+        node = x.outputs[0]
+        if node.op == "Softmax":
+            axis, rank = node.attrs.get("axis", -1), len(x.shape or ())
+            rows = isinstance(last, int) and (x.shape or [None])[-1] == last
+            ok = (axis == -1 or (rank and axis == rank - 1)) and rows and t_q.per_tensor
+            return (t_q, node) if ok else None
+        pair = _same_pair(node, params)
+        if node.op not in ROW_KEEPING and pair is None:
+            return None
+        x = (pair or node).outputs[0]
+    return None
+
+
+def _quantized_plan(lw: Lowerer, node: gs.Node, scores: gs.Tensor, c: np.ndarray):
+    """``((type, fill, masked), None)`` for a mask whose sum is quantized before the Softmax, or
+    ``(None, reason)``. The Where acts on the sum's own integers (``fill`` in its dtype), and the proof of the
+    masked Shiftmax uses the type the Softmax rule will read (the DequantizeLinear's, per tensor)."""
+    t, softmax = quantized_sum(lw, node.outputs[0])
+    _, a = lw.per_tensor(*lw.get(scores))
+    s = float(t.scale)
+    unmasked = math.ceil(a.bound * float(a.scale) / s) + 1  # |S/s - zp| of an unmasked entry, requantized
+    margin = math.ceil(N_CAP * qparams.LOG2E_FIX / s) + 18
+    fill = t.zero_point - unmasked - margin
+    if fill < t.qrange[0]:
+        return None, f"the sum's type {t.describe()} has no room below the scores for a mask fill"
+    sp = qparams.shiftmax(
+        Affine(t.scale, t.zero_point, t.dtype),
+        softmax_row(lw, softmax),
+        lw.target(softmax.outputs[0]),
+        lw.opt.min_x0,
+    )
+    if not sp.bits <= sp.n <= N_CAP or margin * sp.up.m < sp.n * sp.x0 + 3:
+        return None, f"Shiftmax n={sp.n}, x0={sp.x0}, bits={sp.bits} cannot give masked entries 0"
+    # the fake-quant model's masked logit is at most max(R + C, (qmin - zp) s) (+ s/2 rounding), its
+    # unmasked maximum at least -R - s/2: both must be (bits + 1) ln 2 apart for it to output 0 there too
+    limit = threshold(a, sp.bits) + s
+    if (t.qrange[0] - t.zero_point) * s + float(a.bound * a.scale) + s > -(sp.bits + 1) * math.log(2):
+        return None, f"the sum's type {t.describe()} clamps masked entries too close to the scores"
+    why = _mask_reason(c, limit, node.outputs[0].shape)
+    return ((t, fill, np.asarray(c <= -limit)), None) if why is None else (None, why)
 
 
 def threshold(a: Affine, bits: int) -> float:
