@@ -190,3 +190,38 @@ def test_patch_embedding_epilogue_fuses_into_the_gemm(per_channel):
     ):
         (out,) = compile_model(model).run({"x": x})
         np.testing.assert_array_equal(out, evaluator(model).run(None, {"x": x})[0])
+
+
+def test_ops_differing_in_constants_share_one_kernel():
+    """Two Shiftmax ops with different ``x0`` (runtime multiply-and-shift division) and two table ShiftGELU
+    ops with different ranges (padded tables, runtime start) compile to one kernel each, bit-exact."""
+    i64, q = np.int64, {"qmin": -128, "qmax": 127}
+    c = {"u8_zp": np.uint8(0), "i8_zp": np.int8(0), "g_m": i64(1 << 18), "g_c": i64(26)}
+    nodes = [
+        OPS["Shiftmax"].make_node(["s", "u8_zp"], ["p1"], x0=1226, n=30, bits=8),
+        OPS["Shiftmax"].make_node(["s", "u8_zp"], ["p2"], x0=977, n=30, bits=8),
+        OPS["ShiftGELU"].make_node(["s", "g_m", "g_c", "i8_zp"], ["g1"], x0=1054, n=30, bits=15, **q),
+        OPS["ShiftGELU"].make_node(["s", "g_m", "g_c", "i8_zp"], ["g2"], x0=1311, n=30, bits=15, **q),
+    ]
+    shape = [2, 3, 40]
+    outs = [helper.make_tensor_value_info(n, TensorProto.UINT8, shape) for n in ("p1", "p2")]
+    outs += [helper.make_tensor_value_info(n, TensorProto.INT8, shape) for n in ("g1", "g2")]
+    graph = helper.make_graph(
+        nodes,
+        "consts",
+        [helper.make_tensor_value_info("s", TensorProto.INT32, shape)],
+        outs,
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in c.items()],
+    )
+    model = attach_functions(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    )
+    names = _fused_names(model)
+    assert sum("shiftmax" in n for n in names) == 1 and sum("shiftgelu" in n for n in names) == 1, names
+    rng = np.random.default_rng(9)
+    s = rng.integers(-(2**15), 2**15, shape).astype(np.int32)
+    s[0, 0, :4] = [-(2**31), 2**31 - 1, 0, -1]
+    for out, ref in zip(
+        compile_model(model).run({"s": s}), evaluator(model).run(None, {"s": s}), strict=True
+    ):
+        np.testing.assert_array_equal(out, ref)

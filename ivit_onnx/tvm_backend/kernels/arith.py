@@ -88,22 +88,45 @@ def exp_dtype(x0: int, n: int) -> str:
     return I32 if 2 * (n + 1) * x0 < 2**31 else I64
 
 
-def shift_exp(d: tirx.PrimExpr, x0: int, n: int) -> tirx.PrimExpr:
+def exp_constants(x0: int, n: int) -> np.ndarray:
+    """The ``x0``-dependent constants of :func:`shift_exp`'s int32 path as a runtime int64 tensor, so row
+    kernels that differ only in ``x0`` are one kernel: ``x0``, :func:`exp_floor`, ``-n*x0``, and ``m, s`` with
+    ``floor(a / x0) == (a * m) >> s`` for ``0 <= a < 2**31`` (Granlund & Montgomery 1994, Thm 4.2:
+    ``l = ceil(log2 x0)``, ``s = 31 + l``, ``m = ceil(2**s / x0) <= 2**32``, so ``a * m < 2**63``)."""
+    s = 31 + (x0 - 1).bit_length()
+    m = -(-(1 << s) // x0)
+    return np.array([x0, exp_floor(x0, n), -n * x0, m, s], np.int64)
+
+
+def shift_exp(d: tirx.PrimExpr, x0: int, n: int, consts: te.Tensor | None = None) -> tirx.PrimExpr:
     """``opset.shift_exp.shift_exp`` of int64 ``d <= 0``, as int64 (``1 <= e <= x0 * 2**n``).
 
     ``d`` is first raised to :func:`exp_floor` (exact, see there) so ``p, q, r`` fit :func:`exp_dtype`; the
-    division by ``x0`` is a truncating division of ``-p >= 0`` by a constant."""
+    division by ``x0`` is a truncating division of ``-p >= 0`` (``< 2**31`` on the int32 path). With
+    ``consts`` (:func:`exp_constants`, int32 path only) the constants are read from it and the division is a
+    multiply and shift; else they are compile-time constants."""
     dt = exp_dtype(x0, n)
-    d = tirx.max(wide(d), const(exp_floor(x0, n))).astype(dt)
+    if consts is not None and dt == I32:
+        x0_, floor, lo = consts[0].astype(dt), consts[1], consts[2].astype(dt)
+
+        def div(a):
+            return ((wide(a) * consts[3]) >> consts[4]).astype(dt)
+    else:
+        x0_, floor, lo = const(x0, dt), const(exp_floor(x0, n)), const(-n * x0, dt)
+
+        def div(a):
+            return tirx.truncdiv(a, x0_)
+
+    d = tirx.max(wide(d), floor).astype(dt)
 
     def from_d(d):
-        p = tirx.max(d + (d >> const(1, dt)) - (d >> const(4, dt)), const(-n * x0, dt))
+        p = tirx.max(d + (d >> const(1, dt)) - (d >> const(4, dt)), lo)
         return let(
             -p,
             lambda neg_p: let(
-                tirx.truncdiv(neg_p, const(x0, dt)),
+                div(neg_p),
                 lambda q: (
-                    (const(x0, dt) - ((neg_p - q * const(x0, dt) + const(1, dt)) >> const(1, dt))).astype(I64)
+                    (x0_ - ((neg_p - q * x0_ + const(1, dt)) >> const(1, dt))).astype(I64)
                     << (const(n, dt) - q).astype(I64)
                 ),
                 "q",

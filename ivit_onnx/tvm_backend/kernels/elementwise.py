@@ -74,24 +74,27 @@ def gelu_table_range(x_dtype: str, x0: int, n: int) -> tuple[int, int] | None:
 
 
 def gelu_table(lo: int, hi: int, x0: int, n: int, bits: int) -> np.ndarray:
-    """``int_div(e1, e1 + e2, bits)`` of ShiftGELU for every ``x`` in ``[lo, hi]``, by the numpy reference."""
+    """``int_div(e1, e1 + e2, bits)`` of ShiftGELU for every ``x`` in ``[lo, hi]``, by the numpy reference,
+    then the last value repeated up to a power-of-two length (the sigmoid is constant beyond ``hi``): ops
+    whose ranges differ get tables of one shape, hence one kernel (``lo`` is a runtime scalar)."""
     x = np.arange(lo, hi + 1, dtype=np.int64)
     m = np.maximum(x, 0)
     e1, e2 = ref_exp.shift_exp(x - m, x0, n), ref_exp.shift_exp(-m, x0, n)
-    return ref_exp.int_div(e1, e1 + e2, bits).astype(np.int32)  # in [0, 2**bits], bits <= 30
+    table = ref_exp.int_div(e1, e1 + e2, bits).astype(np.int32)  # in [0, 2**bits], bits <= 30
+    size = 1 << (len(table) - 1).bit_length()
+    return np.concatenate([table, np.full(size - len(table), table[-1], np.int32)])
 
 
 def shiftgelu(
-    x, b, c, zy, table=None, *, x0: int, n: int, bits: int, qmin: int, qmax: int, lo: int = 0
+    x, b, c, zy, table=None, lo=None, *, x0: int, n: int, bits: int, qmin: int, qmax: int
 ) -> te.Tensor:
-    """``opset.shiftgelu.reference``; ``table`` (from :func:`gelu_table`, starting at ``lo``) or per-element
-    division."""
+    """``opset.shiftgelu.reference``; ``table`` (from :func:`gelu_table`, its first entry for the int64 scalar
+    tensor ``lo``) or per-element division."""
     shape = list(x.shape)
 
     def sigmoid(xv):
         if table is not None:
-            hi = lo + int(table.shape[0]) - 1
-            idx = tirx.max(tirx.min(xv, const(hi)), const(lo)) - const(lo)
+            idx = tirx.max(tirx.min(xv - lo[()], const(int(table.shape[0]) - 1)), const(0))
             return wide(table[idx.astype(I32)])
         m = tirx.max(xv, const(0))
         return let(

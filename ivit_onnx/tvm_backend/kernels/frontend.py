@@ -21,7 +21,7 @@ from tvm import relax
 from ...opset import OPS
 from ..relax_expr import const_value
 from ..relax_expr import dtype as _dtype
-from . import elementwise, layout, rows
+from . import arith, elementwise, layout, rows
 
 #: relay's OpPatternKind: FuseOps never fuses kOpaque; a GEMM (kOutEWiseFusable) takes consumers up to
 #: kBroadcast, but FuseOps refuses a kBroadcast whose argument (the table) does not broadcast: kElemWise
@@ -96,13 +96,15 @@ class _Import:
             return _emit_shiftgelu(bb, inputs, attrs, name)
         _static_last_dim(inputs[0], op)
         row_attrs = {rows.KERNEL_ATTR: op, "op_pattern": OPAQUE}
+        if op == "Shiftmax" and arith.exp_dtype(attrs["x0"], attrs["n"]) == arith.I32:  # x0 as data
+            inputs = [*inputs, relax.const(arith.exp_constants(attrs["x0"], attrs["n"]), "int64")]
         src = self.origin(inputs[0])
         if op == "Shiftmax" and src is not None and src.op == "Requantize":
             rq = {f"rq_{k}": v for k, v in src.attrs.items()}
             return bb.emit_te(
                 rows.shiftmax_requantized,
                 *src.inputs,
-                inputs[1],
+                *inputs[1:],
                 **rq,
                 **attrs,
                 primfunc_name_hint=f"ivit_requantize_{name}",
@@ -135,8 +137,8 @@ def _emit_shiftgelu(bb: relax.BlockBuilder, inputs: list, attrs: dict, name: str
         elementwise.shiftgelu,
         *inputs,
         table,
+        relax.const(span[0], "int64"),
         **attrs,
-        lo=span[0],
         primfunc_name_hint=name,
         primfunc_attrs={INJECTIVE_ATTR: 1},
     )

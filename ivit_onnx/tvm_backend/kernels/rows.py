@@ -41,14 +41,14 @@ def _row(i):
     return i[:-1]
 
 
-def shiftmax(x, zy, *, x0: int, n: int, bits: int) -> te.Tensor:
-    """``opset.shiftmax.reference`` over the last axis."""
+def shiftmax(x, zy, consts=None, *, x0: int, n: int, bits: int) -> te.Tensor:
+    """``opset.shiftmax.reference`` over the last axis (``consts``: :func:`.arith.exp_constants`, or None)."""
     shape, rows, length = list(x.shape), list(x.shape[:-1]), x.shape[-1]
     k = te.reduce_axis((0, length), "k")
     mx = te.compute(rows, lambda *r: te.max(x[r + (k,)].astype(I32), axis=k), name="row_max")
 
     def exp(*i):
-        return shift_exp(wide(x[i]) - wide(mx[_row(i)]), x0, n)
+        return shift_exp(wide(x[i]) - wide(mx[_row(i)]), x0, n, consts)
 
     k2 = te.reduce_axis((0, length), "k2")
     total = te.compute(rows, lambda *r: te.sum(exp(*r, k2), axis=k2), name="row_sum")
@@ -67,12 +67,12 @@ def shiftmax(x, zy, *, x0: int, n: int, bits: int) -> te.Tensor:
 
 
 def shiftmax_requantized(
-    x, zx, b, c, zr, zy, *, rq_qmin: int, rq_qmax: int, x0: int, n: int, bits: int
+    x, zx, b, c, zr, zy, consts=None, *, rq_qmin: int, rq_qmax: int, x0: int, n: int, bits: int
 ) -> te.Tensor:
     """``Shiftmax(Requantize(x, zx, b, c, zr), zy)`` as one row kernel: the requantized scores are recomputed
     where read (never stored), so their producer (a GEMM) writes its narrower ``x``."""
     scores = requantize(x, zx, b, c, zr, qmin=rq_qmin, qmax=rq_qmax)
-    return shiftmax(scores, zy, x0=x0, n=n, bits=bits)
+    return shiftmax(scores, zy, consts, x0=x0, n=n, bits=bits)
 
 
 def ilayernorm(x, b, c, bias, zy, *, shift_in: int, p: int, qmin: int, qmax: int) -> te.Tensor:
