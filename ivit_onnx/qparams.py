@@ -103,7 +103,10 @@ def iadd(a: Affine, b: Affine, t: Affine) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def concat_type(types: list[Affine]) -> Affine:
-    """A Concat with no QuantizeLinear after it: the widest input type at a scale holding every input."""
+    """A Concat with no QuantizeLinear after it: inputs of one type keep it (torch.roll's Slice+Concat, a
+    class token quantized like the patches), else the widest input type at a scale holding every input."""
+    if all(types[0].same_as(a) for a in types[1:]):
+        return Affine(types[0].scale, types[0].zero_point, types[0].dtype, bound=max(a.bound for a in types))
     dt = max(
         (np.dtype(np.int16) if a.dtype == np.uint8 else a.dtype for a in types), key=lambda d: d.itemsize
     )

@@ -85,11 +85,7 @@ class Concat(Rule):
     def rewrite(self, lw, m):
         node = m.root
         t = lw.target(node.outputs[0])
-        types = [got[1] for got in map(lw.get, node.inputs) if got is not None]  # #11: roll's Slice+Concat
-        if t is None and len(types) == len(node.inputs) and all(types[0].same_as(x) for x in types):
-            t = types[0]  # inputs of one type (torch.roll's Slice+Concat): the type passes through
-            t = Affine(t.scale, t.zero_point, t.dtype, bound=max(x.bound for x in types))  # #13: all bounds
-        if t is None:  # the widest input type, at the finest scale that still holds every input's range
+        if t is None:  # one shared input type passes through, else the widest at a scale holding them all
             t = qparams.concat_type(
                 [lw.per_tensor(*lw.get(x))[1] for x in node.inputs if lw.get(x) is not None]
             )
