@@ -86,3 +86,12 @@ class OpSpec:
         """A node of this op in the private domain."""
         return helper.make_node(self.name, inputs, outputs, name=name, domain=DOMAIN,
                                 **{k: int(v) for k, v in attrs.items()})
+
+
+def requantizing(
+    name: str, doc: str, reference, body, output_doc: str, *inputs: Port, **attributes: str
+) -> OpSpec:
+    """An op whose last step is a dyadic requantize: ``inputs`` then ``y_zero_point``; the output saturates
+    to ``[qmin, qmax]`` (attributes after the op's own)."""
+    return OpSpec(name, doc, (*inputs, Y_ZERO_POINT), Port("y", QUANT_OUT, output_doc),
+                  {**attributes, **SATURATION}, reference, body)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import _int
 from ._body import Body
-from ._spec import I64, INT_IN, QUANT_OUT, SATURATION, Y_ZERO_POINT, OpSpec, Port
+from ._spec import I64, INT_IN, Port, requantizing
 
 
 def reference(a, b, a_zero_point, b_zero_point, a_multiplier, b_multiplier, shift, y_zero_point, *,
@@ -27,21 +27,13 @@ def body(g: Body) -> None:
     g.requantize_out(g.op("Add", ta, tb))
 
 
-SPEC = OpSpec(
-    name="IAdd",
-    doc=__doc__,
-    inputs=(
-        Port("a", INT_IN, "first addend"),
-        Port("b", INT_IN, "second addend (broadcasts)"),
-        Port("a_zero_point", INT_IN, "zero point of a"),
-        Port("b_zero_point", INT_IN, "zero point of b"),
-        Port("a_multiplier", I64, "ma: s_a/s_y = ma/2**c"),
-        Port("b_multiplier", I64, "mb: s_b/s_y = mb/2**c"),
-        Port("shift", I64, "c in 0..62 (scalar)"),
-        Y_ZERO_POINT,
-    ),
-    output=Port("y", QUANT_OUT, "sum, requantized"),
-    attributes=SATURATION,
-    reference=reference,
-    body=body,
+SPEC = requantizing(
+    "IAdd", __doc__, reference, body, "sum, requantized",
+    Port("a", INT_IN, "first addend"),
+    Port("b", INT_IN, "second addend (broadcasts)"),
+    Port("a_zero_point", INT_IN, "zero point of a"),
+    Port("b_zero_point", INT_IN, "zero point of b"),
+    Port("a_multiplier", I64, "ma: s_a/s_y = ma/2**c"),
+    Port("b_multiplier", I64, "mb: s_b/s_y = mb/2**c"),
+    Port("shift", I64, "c in 0..62 (scalar)"),
 )

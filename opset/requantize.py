@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import _int
 from ._body import Body
-from ._spec import I64, INT_IN, QUANT_OUT, SATURATION, Y_ZERO_POINT, OpSpec, Port
+from ._spec import I64, INT_IN, Port, requantizing
 
 
 def reference(x, x_zero_point, multiplier, shift, y_zero_point, *, qmin: int, qmax: int):
@@ -24,18 +24,10 @@ def body(g: Body) -> None:
     g.requantize_out(t)
 
 
-SPEC = OpSpec(
-    name="Requantize",
-    doc=__doc__,
-    inputs=(
-        Port("x", INT_IN, "integer input"),
-        Port("x_zero_point", INT_IN, "zero point of x (scalar, x's type)"),
-        Port("multiplier", I64, "b, broadcast against x"),
-        Port("shift", I64, "c in 0..62, same shape as b"),
-        Y_ZERO_POINT,
-    ),
-    output=Port("y", QUANT_OUT, "requantized tensor"),
-    attributes=SATURATION,
-    reference=reference,
-    body=body,
+SPEC = requantizing(
+    "Requantize", __doc__, reference, body, "requantized tensor",
+    Port("x", INT_IN, "integer input"),
+    Port("x_zero_point", INT_IN, "zero point of x (scalar, x's type)"),
+    Port("multiplier", I64, "b, broadcast against x"),
+    Port("shift", I64, "c in 0..62, same shape as b"),
 )

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _int
 from ._body import Body
-from ._spec import I64, INT_IN, QUANT_OUT, SATURATION, Y_ZERO_POINT, OpSpec, Port
+from ._spec import I64, INT_IN, Port, requantizing
 from .shift_exp import int_div, int_div_body, shift_exp, shift_exp_body
 
 
@@ -46,18 +46,12 @@ def body(g: Body) -> None:
     g.requantize_out(t)
 
 
-SPEC = OpSpec(
-    name="ShiftGELU",
-    doc=__doc__,
-    inputs=(
-        Port("x", INT_IN, "pre-activation (int8/int16 or an int32 accumulator)"),
-        Port("multiplier", I64, "b: s * 2**-bits / s_y = b/2**c"),
-        Port("shift", I64, "c in 0..62"),
-        Y_ZERO_POINT,
-    ),
-    output=Port("y", QUANT_OUT, "GELU(x), requantized"),
-    attributes={"x0": "round(1/(1.702 s)) >= 1", "n": "exp left shift N", "bits": "sigmoid fraction bits",
-                **SATURATION},
-    reference=reference,
-    body=body,
+SPEC = requantizing(
+    "ShiftGELU", __doc__, reference, body, "GELU(x), requantized",
+    Port("x", INT_IN, "pre-activation (int8/int16 or an int32 accumulator)"),
+    Port("multiplier", I64, "b: s * 2**-bits / s_y = b/2**c"),
+    Port("shift", I64, "c in 0..62"),
+    x0="round(1/(1.702 s)) >= 1",
+    n="exp left shift N",
+    bits="sigmoid fraction bits",
 )
