@@ -379,15 +379,16 @@ int ivit_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x0, i64 
 // Shiftmax of v = table[clip(round_shift((x - zx) * b, c) + zy, qmin, qmax) - qmin] (table: int32, qmax - qmin
 // + 1 entries): a Requantize, the elementwise ops after it tabulated, and the Shiftmax they feed, in one pass
 // (ivit_onnx/chain_fold.py). Output zero point y_zp; 0 <= c <= 62, 0 <= bits <= 62.
-// When the table is non-decreasing (a chain of Requantizes is), the row max is table[max k] over the row's
-// indices k, so each exp is E[max k][k] = shift_exp(table[k] - table[max k]): one lookup per element in a row
-// of E, each row built once per call, when a row with that max first needs it.
+// When the table is non-decreasing (a chain of Requantizes is) and small (8-bit), the row max is table[max k]
+// over the row's indices k, so each exp is E[max k][k] = shift_exp(table[k] - table[max k]): one lookup per
+// element in a row of E, each row built once per call, when a row with that max first needs it.
 int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i64 b, i64 c, i64 zy, i64 qmin,
                              i64 qmax, const int32_t* table, i64 y_zp, i64 x0, i64 n, i64 bits, void* y, int to,
                              int threads) {
   const i64 nq = qmax - qmin + 1, h = ((i64(1) << c) >> 1) - zx * b;
   const Rescale index{zy - qmin, 0, nq - 1};  // the table index, clip(...) - qmin
-  const bool sorted = std::is_sorted(table, table + nq);
+  constexpr i64 MAX_ROWS_OF_E = 1024;  // E takes nq * nq int64s: 8 MiB at most
+  const bool sorted = nq <= MAX_ROWS_OF_E && std::is_sorted(table, table + nq);
   const Exp exp(x0, n);
   const i64 span = i64(*std::max_element(table, table + nq)) - *std::min_element(table, table + nq);
   const i64 size = sorted ? table_size(exp, span, rows * len) : 0;
