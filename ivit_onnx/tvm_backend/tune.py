@@ -31,11 +31,17 @@ def _stages(func) -> int:
     return len(sch.get_child_blocks(get_root_block(sch)))
 
 
+def _scheduled(mod) -> bool:
+    func = mod["main"] if isinstance(mod, tvm.IRModule) else mod
+    return bool(func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))
+
+
 def tunable_tasks(mod: tvm.IRModule, target: tvm.target.Target,
                   max_stages: int = MAX_STAGES) -> tuple[list, list]:
-    """The meta-schedule tasks of ``mod``: (tuned, skipped), split at ``max_stages`` fused stages."""
+    """The meta-schedule tasks of ``mod``: (tuned, skipped), split at ``max_stages`` fused stages; functions
+    scheduled by hand (the row kernels: ``tirx.is_scheduled``) are skipped."""
     tasks = ms.relax_integration.extract_tasks(mod, target)
-    keep = [t for t in tasks if _stages(t.dispatched[0]) <= max_stages]
+    keep = [t for t in tasks if _stages(t.dispatched[0]) <= max_stages and not _scheduled(t.dispatched[0])]
     return keep, [t for t in tasks if t not in keep]
 
 
