@@ -95,3 +95,8 @@ def requantizing(
     to ``[qmin, qmax]`` (attributes after the op's own)."""
     return OpSpec(name, doc, (*inputs, Y_ZERO_POINT), Port("y", QUANT_OUT, output_doc),
                   {**attributes, **SATURATION}, reference, body)
+
+
+def dyadic(b: str, c: str = "c in 0..62") -> tuple[Port, Port]:
+    """The ``multiplier`` b and ``shift`` c ports of a dyadic rescale ``b / 2**c`` (their docs per op)."""
+    return Port("multiplier", I64, b), Port("shift", I64, c)

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _int
 from ._body import Body
-from ._spec import I64, INT_IN, Port, requantizing
+from ._spec import I64, INT_IN, Port, dyadic, requantizing
 
 #: Newton steps; from a start within 2x above the root, 6 suffice for 62-bit values.
 SQRT_STEPS = 10
@@ -73,8 +73,7 @@ def body(g: Body) -> None:
 SPEC = requantizing(
     "ILayerNorm", __doc__, reference, body, "LayerNorm(x), requantized",
     Port("x", INT_IN, "input rows (int8/int16, or int32 within the precondition)"),
-    Port("multiplier", I64, "b per channel (signed: gamma's sign)"),
-    Port("shift", I64, "c per channel, 0..62"),
+    *dyadic("b per channel (signed: gamma's sign)", "c per channel, 0..62"),
     Port("bias", I64, "beta/s_y * 2**c per channel"),
     shift_in="x and its mean scaled by 2**shift_in before centring",
     p="fraction bits of the normalized value",

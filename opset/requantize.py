@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import _int
 from ._body import Body
-from ._spec import I64, INT_IN, Port, requantizing
+from ._spec import INT_IN, Port, dyadic, requantizing
 
 
 def reference(x, x_zero_point, multiplier, shift, y_zero_point, *, qmin: int, qmax: int):
@@ -28,6 +28,5 @@ SPEC = requantizing(
     "Requantize", __doc__, reference, body, "requantized tensor",
     Port("x", INT_IN, "integer input"),
     Port("x_zero_point", INT_IN, "zero point of x (scalar, x's type)"),
-    Port("multiplier", I64, "b, broadcast against x"),
-    Port("shift", I64, "c in 0..62, same shape as b"),
+    *dyadic("b, broadcast against x", "c in 0..62, same shape as b"),
 )

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _int
 from ._body import Body
-from ._spec import I64, INT_IN, Port, requantizing
+from ._spec import INT_IN, Port, dyadic, requantizing
 from .shift_exp import int_div, int_div_body, shift_exp, shift_exp_body
 
 
@@ -49,8 +49,7 @@ def body(g: Body) -> None:
 SPEC = requantizing(
     "ShiftGELU", __doc__, reference, body, "GELU(x), requantized",
     Port("x", INT_IN, "pre-activation (int8/int16 or an int32 accumulator)"),
-    Port("multiplier", I64, "b: s * 2**-bits / s_y = b/2**c"),
-    Port("shift", I64, "c in 0..62"),
+    *dyadic("b: s * 2**-bits / s_y = b/2**c"),
     x0="round(1/(1.702 s)) >= 1",
     n="exp left shift N",
     bits="sigmoid fraction bits",
