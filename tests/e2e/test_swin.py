@@ -132,7 +132,6 @@ def test_masked_probabilities_are_exactly_zero(tmp_path):
         assert masked.any() and np.all(probs[masked] == 0) and np.all(probs[~masked].max() > 0)
 
 
-@pytest.mark.slow
 @pytest.mark.tvm
 def test_swin_tvm_llvm_bit_exact(tmp_path):
     pytest.importorskip("tvm")
