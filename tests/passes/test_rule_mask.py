@@ -1,0 +1,64 @@
+"""Constant attention masks before Softmax (passes/rules/mask.py, Swin's shifted windows): ``MaskedAdd``
+lowers ``Softmax(Add(scores, C))`` to an integer Where whose masked entries come out exactly 0, also when
+the sum is quantized first; every reason it declines (the generic Add, its fallback, taken out to see them).
+The fill's proof against the Shiftmax reference and ``_mask_reason`` itself: tests/e2e/test_swin_mask.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ivit_onnx.passes.rules import RULES, chain, mask
+from tests.graphs import G, op_counts, run
+from tests.passes._rules import RNG, declines, lowered
+
+MASKED = np.array([[0, 1, 1, 0], [0, 0, 0, 1], [1, 0, 0, 0], [0, 0, 1, 0]], bool)
+SCORES = {"s": (RNG.integers(-127, 128, (2, 1, 4, 4)) * 0.05).astype(np.float32)}
+
+
+def _graph(c=None, scale=0.05, sum_q=None, softmax=True, reshape=False):
+    """``Q(Softmax(DQ(Q(scores)) + C))`` with C ``-100`` where ``MASKED`` (or ``c``; "scores": the scores
+    twice); ``sum_q`` quantizes the
+    sum first (scale, zero point); ``reshape`` puts a row-keeping Reshape before the Softmax."""
+    g = G()
+    c = np.where(MASKED, -100.0, 0.0)[None, None] if c is None else c
+    scores = g.qdq(g.input("s", [2, 1, 4, 4]), scale)
+    y = g.node("Add", [scores, scores if isinstance(c, str) else g.const(c)])
+    y = g.qdq(y, *sum_q) if sum_q else y
+    y = g.node("Reshape", [y, g.const([2, 4, 4], np.int64)]) if reshape else y
+    y = g.node("Softmax", [y], axis=-1) if softmax else y
+    g.output(g.qdq(y, 1 / 256, 0, np.uint8))
+    return g.model()
+
+
+@pytest.mark.parametrize("sum_q, reshape", [(None, False), (None, True), ((0.5, 0), False)])
+def test_masked_entries_are_exactly_zero(sum_q, reshape):
+    fq = _graph(sum_q=sum_q, reshape=reshape)
+    out, report = lowered(fq, SCORES, 6 / 256)  # Shiftmax vs softmax: <= 2.8 steps of 2**-7 (opset README)
+    assert report.counts["lower_integer"]["attention mask (Where)"] == 1 and op_counts(out).get("Where") == 1
+    got = run(out, SCORES)[0].reshape(2, 4, 4)
+    assert np.all(got[:, MASKED] == 0) and np.all(run(fq, SCORES)[0].reshape(2, 4, 4)[:, MASKED] == 0)
+
+
+ROW = np.zeros((1, 1, 4, 4))
+CASES = {
+    "two_scores": ("not integer scores plus a constant", {"c": "scores"}),
+    "no_softmax": ("the sum does not reach a last-axis Softmax through reshapes", {"softmax": False}),
+    "wide": ("leaves no int32 room to mask", {"scale": 1e-9}),
+    "zeros": ("(not a mask)", {"c": ROW}),
+    "between": ("neither masked nor unmasked", {"c": np.where(MASKED, -100.0, 0.5)[None, None]}),
+    "whole_rows": (
+        "mask broadcast along the softmax axis would mask whole rows",
+        {"c": np.full((4, 1), -100.0)},
+    ),
+    "full_row": ("a row is masked entirely", {"c": np.where(np.arange(4)[:, None] == 1, -100.0, ROW)}),
+    "no_room": ("has no room below the scores for a mask fill", {"sum_q": (0.05, 0)}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_declines_with_the_reason(case, monkeypatch):
+    reason, kw = CASES[case]
+    fq = _graph(**kw)
+    monkeypatch.setitem(RULES, "Add", chain.FirstOf(mask.MaskedAdd()))
+    declines(fq, "Add", reason)

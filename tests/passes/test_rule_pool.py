@@ -1,0 +1,46 @@
+"""ReduceMean rule (passes/rules/pool.py): an int32 ReduceSum typed ``s/N``, one rounding at the next
+QuantizeLinear, and every reason to decline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from tests.graphs import G, op_counts
+from tests.passes._rules import X, declines, lowered
+
+
+@pytest.mark.parametrize("axes, keepdims", [([1], 1), ([1, 2], 0)])
+def test_reducemean_is_an_int32_sum_within_one_output_step(axes, keepdims):
+    g = G(opset=18)
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.03, 4)
+    g.output(g.qdq(g.node("ReduceMean", [x, g.const(axes, np.int64)], keepdims=keepdims), 0.01))
+    out, report = lowered(g.model(), {"x": X}, 0.01 + 1e-6)
+    assert op_counts(out).get("ReduceSum") == 1 and "ReduceMean" not in op_counts(out)
+    assert report.counts["lower_integer"]["ReduceMean → ReduceSum (int32)"] == 1
+
+
+def _decline_graph(case):
+    g = G(opset=21)
+    shape = {"dynamic": [2, "n", 16], "overflow": [1, 2100, 64]}.get(case, [2, 6, 16])
+    x = g.input("x", shape)
+    x = x if case == "float" else g.qdq(x, 0.03)
+    if case == "overflow":  # an int32 accumulator (|x| <= 64 * 127 * 127) summed over 2100 rows
+        x = g.node("MatMul", [x, g.weight(np.ones((64, 64)), axis=1)])
+    axes = g.input("axes", [1], TensorProto.INT64) if case == "axes" else g.const([1], np.int64)
+    g.output(g.node("Reshape", [g.qdq(g.node("ReduceMean", [x, axes]), 0.01), g.const([-1], np.int64)]))
+    return g.model()
+
+
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        ("float", "input is not quantized"),
+        ("axes", "axes or input rank not known at conversion time"),
+        ("dynamic", "reduced dims ['n'] not static"),
+        ("overflow", "could overflow int32"),
+    ],
+)
+def test_declines_with_the_reason(case, reason):
+    declines(_decline_graph(case), "ReduceMean", reason)
