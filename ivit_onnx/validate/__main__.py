@@ -4,4 +4,5 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (e.g. the wheel step's --import-all) must not run the CLI
+    sys.exit(main())
