@@ -13,7 +13,7 @@ LOWERING = (
     linear.MatMul(),
     linear.Gemm(),
     linear.Conv(),
-    mask.MaskedAdd(otherwise=elementwise.Add()),  # #11: a mask before Softmax, else the generic Add
+    elementwise.Add(),
     elementwise.ScaleByConst(),
     nonlinear.Softmax(),
     nonlinear.Gelu(),
@@ -26,7 +26,8 @@ LOWERING = (
     pad.PadRule(),  # #11 (Swin)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
-# #11-BERT: token masks (two-valued floats of the int64 mask input) and masked mean pooling, tried first
-RULES = chain.ahead(RULES, (*token_mask.RULES, *masked_pool.RULES))
+# Tried before the table's rule for their op: token masks (two-valued floats of the int64 mask input),
+# masked mean pooling, constant attention masks before Softmax.
+RULES = chain.ahead(RULES, (*token_mask.RULES, *masked_pool.RULES, mask.MaskedAdd()))
 
 __all__ = ["LOWERING", "RULES", "Lowerer", "Outcome"]

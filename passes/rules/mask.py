@@ -104,14 +104,11 @@ def softmax_after(t: gs.Tensor) -> gs.Node | None:
 
 
 class MaskedAdd(Rule):
-    """``Add(scores, C)`` of a constant mask ``C`` (0 or ``<= -T``) feeding a Softmax → integer Where;
-    any other Add goes to ``otherwise`` (the generic Add rule: one rule per op type in ``RULES``)."""
+    """``Add(scores, C)`` of a constant mask ``C`` (0 or ``<= -T``) feeding a Softmax → integer Where; it
+    declines any other Add, which the generic Add rule after it in ``RULES`` (``chain.ahead``) lowers."""
 
     pattern = Op("Add")
     label = "attention mask (Where)"
-
-    def __init__(self, otherwise: Rule | None = None):
-        self.otherwise = otherwise
 
     @staticmethod
     def _parts(lw: Lowerer, node: gs.Node):
@@ -123,17 +120,6 @@ class MaskedAdd(Rule):
         return None, None
 
     def check(self, lw: Lowerer, m) -> str | None:
-        why = self._mask_check(lw, m)
-        if why is None or self.otherwise is None:
-            return why
-        return self.otherwise.check(lw, m)
-
-    def rewrite(self, lw: Lowerer, m) -> Outcome:
-        if self.otherwise is not None and self._mask_check(lw, m) is not None:
-            return self.otherwise.rewrite(lw, m)
-        return self._mask_rewrite(lw, m)
-
-    def _mask_check(self, lw: Lowerer, m) -> str | None:
         node = m.root
         scores, c = self._parts(lw, node)
         if scores is None:
@@ -151,7 +137,7 @@ class MaskedAdd(Rule):
             return str(e)
         return _mask_reason(c, threshold(a, bits), node.outputs[0].shape)
 
-    def _mask_rewrite(self, lw: Lowerer, m) -> Outcome:
+    def rewrite(self, lw: Lowerer, m) -> Outcome:
         node = m.root
         scores, c = self._parts(lw, node)
         if quantized_sum(lw, node.outputs[0]) is not None:
