@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ivit_onnx.graph import input_uses
 from ivit_onnx.opset import DOMAIN
 
 I31 = 1 << 31
@@ -36,7 +37,9 @@ def _column_bound(inits: dict, gemm: onnx.NodeProto) -> np.ndarray | None:
     w = _int_const(inits, gemm.input[1])
     zw = _int_const(inits, gemm.input[3]) if len(gemm.input) > 3 and gemm.input[3] else np.int64(0)
     za = _int_const(inits, gemm.input[2]) if len(gemm.input) > 2 and gemm.input[2] else np.int64(0)
-    if w is None or w.ndim != 2 or zw is None or za is None or za.size != 1 or not -128 <= int(za.reshape(-1)[0]) <= 255:
+    if w is None or w.ndim != 2 or zw is None or za is None or za.size != 1:
+        return None
+    if not -128 <= int(za.reshape(-1)[0]) <= 255:
         return None
     return 255 * np.abs(w - zw).sum(axis=0)
 
@@ -51,10 +54,7 @@ def fold_bias(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProto
     g = out.graph
     inits = {t.name: t for t in g.initializer}
     producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i, name in enumerate(n.input):
-            consumers.setdefault(name, []).append((n, i))
+    consumers = input_uses(g)
     outputs = {o.name for o in g.output} | set(keep)
     dead, folded = [], 0
     for add in g.node:

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ivit_onnx.graph import input_uses
 from ivit_onnx.opset import DOMAIN, OPS
 
 FUSED_DOMAIN = "ai.ivit.fused"
@@ -43,10 +44,7 @@ class _Graph:
 
     def __init__(self, g: onnx.GraphProto, keep) -> None:
         self.consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in g.node:
-            for name in n.input:
-                self.consumers.setdefault(name, []).append(n)
+        self.consumers = input_uses(g)
         self.protected = {o.name for o in g.output} | set(keep)
 
     def params(self, node: onnx.NodeProto, at, scalar: bool) -> list[np.ndarray] | None:
@@ -63,11 +61,11 @@ class _Graph:
         if (
             tensor in self.protected
             or len(uses) != 1
-            or uses[0].domain != DOMAIN
-            or uses[0].input[0] != tensor
+            or uses[0][0].domain != DOMAIN
+            or uses[0][1] != 0
         ):
             return None
-        return uses[0]
+        return uses[0][0]
 
 
 def _chain(gr: _Graph, head: onnx.NodeProto):

@@ -114,3 +114,14 @@ def detach(node: gs.Node) -> None:
         list.extend(t.inputs, keep)
     list.clear(node.inputs)
     list.clear(node.outputs)
+
+
+def input_uses(g) -> dict[str, list[tuple]]:
+    """``(node, input index)`` of every use of each tensor in an ``onnx.GraphProto``: the session-time
+    rewrites (bias fold, uint8 re-encoding, chain fold) edit the proto directly, not a graphsurgeon graph."""
+    uses: dict[str, list[tuple]] = {}
+    for node in g.node:
+        for k, name in enumerate(node.input):
+            if name:
+                uses.setdefault(name, []).append((node, k))
+    return uses

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ivit_onnx.graph import input_uses
 from ivit_onnx.opset import DOMAIN
 
 #: ops that move data without looking at values (followed through their data input 0)
@@ -103,11 +104,7 @@ def recode(model: onnx.ModelProto) -> Recoded:
     out.CopyFrom(model)
     g = out.graph
     inits = {t.name: t for t in g.initializer}
-    consumers: dict[str, list] = {}
-    for node in g.node:
-        for k, name in enumerate(node.input):
-            if name:
-                consumers.setdefault(name, []).append((node, k))
+    consumers = input_uses(g)
     outputs = {o.name for o in g.output}
     result = Recoded(out)
     fresh = iter(range(1 << 30))
