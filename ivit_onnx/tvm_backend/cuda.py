@@ -1,10 +1,14 @@
-"""CUDA: an int8 tensor-core matmul schedule that builds in TVM 0.27, exact compile flags, the generated code.
+"""CUDA: an 8-bit tensor-core matmul schedule that builds in TVM 0.27, exact compile flags, generated code.
 
 dlight's ``MatmulInt8Tensorization`` (wmma m16n16k16 s8*s8->s32) fails in ``InjectSoftwarePipeline``
 ("fragment_info_" check) on TVM 0.27; the same schedule without its software-pipeline annotations builds
-and lowers to ``wmma.mma.sync...s32.s8.s8.s32``. It needs int8 operands (:mod:`.int8_matmul`). Smaller
-matmuls go to dlight's generic rules, whose int8 multiply-adds nvcc turns into ``dp4a`` on its own; the
-fused op bodies go to :class:`.chains.ElementwiseChain` (dlight's Fallback never finishes on them).
+and lowers to ``wmma.mma.sync...s32.s8.s8.s32``. It takes int8 x int8 operands (:mod:`.int8_matmul`) and,
+with the same schedule on wmma intrinsics of our own registered from TVM's generators for ``uint8``,
+uint8 x uint8 (``...s32.u8.u8.s32``; CUDA has no mixed u8 x s8 wmma). Any extent is taken: the schedule
+pads M and N to 128 and K to 16 and stores only the real rows and columns, so a batch-8 classifier head
+(M = 8, N = classes) runs on tensor cores too. Other matmuls go to dlight's generic rules, whose 8-bit
+multiply-adds nvcc turns into ``dp4a`` on its own; the fused op bodies go to
+:class:`.chains.ElementwiseChain` (dlight's Fallback never finishes on them).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import tvm
@@ -31,10 +36,11 @@ from tvm.s_tir.dlight.gpu.matmul import (
 
 from .chains import ElementwiseChain
 
-#: int8 wmma needs sm_72+; each of M, N, K must fill at least one 16x16x16 tile (the schedule pads to 128/16)
+#: int8 wmma needs sm_72+
 MIN_SM = 72
-MIN_EXTENT = 16
 _PIPELINE_KEYS = ("software_pipeline_order", "software_pipeline_stage")
+#: operand dtypes that have a wmma m16n16k16 -> int32 instruction (both operands alike)
+TC_DTYPES = ("int8", "uint8")
 
 
 def sm_version(target: tvm.target.Target) -> int:
@@ -42,26 +48,72 @@ def sm_version(target: tvm.target.Target) -> int:
     return int(digits) if digits.isdigit() else -1
 
 
-def _int8_gemm_large_enough(block) -> bool:
-    """An int8 x int8 -> int32 GEMM block whose fused I, J and K extents are static and >= MIN_EXTENT."""
-    if len(block.reads) != 2 or [str(r.source.dtype) for r in block.reads] != ["int8", "int8"]:
-        return False
-    if str(block.writes[0].source.dtype) != "int32":
-        return False
+def _tc_operand_dtype(block) -> str | None:
+    """``"int8"``/``"uint8"`` for an 8-bit x 8-bit -> int32 GEMM block (same dtype both sides) with static
+    I, J and K extents, else None."""
+    dtypes = {str(r.source.dtype) for r in block.reads}
+    if len(block.reads) != 2 or len(dtypes) != 1 or str(block.writes[0].source.dtype) != "int32":
+        return None
+    (dtype,) = dtypes
     traits = detect_iter_traits(block)
-    if traits is None:
-        return False
-    extents = {IterKind.kIter_I: 1, IterKind.kIter_J: 1, IterKind.kIter_K: 1}
-    for trait in traits[3]:
-        if trait.kind in extents:
-            if not isinstance(trait.extent, tvm.tirx.IntImm):
-                return False
-            extents[trait.kind] *= trait.extent.value
-    return min(extents.values()) >= MIN_EXTENT
+    if dtype not in TC_DTYPES or traits is None:
+        return None
+    kinds = (IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K)
+    if not all(isinstance(t.extent, tvm.tirx.IntImm) for t in traits[3] if t.kind in kinds):
+        return None
+    return dtype
+
+
+#: our uint8 wmma intrinsics (TVM 0.27 registers s8 and f16 ones only), by the role the dlight rule asks for
+U8_INTRINS = {
+    "load_a": "ivit_wmma_load_16x16x16_u8_a_shared_dyn",
+    "load_b": "ivit_wmma_load_16x16x16_u8_b_trans_shared_dyn",
+    "compute": "ivit_wmma_sync_16x16x16_u8u8s32_trans",
+}
+_U8_LOCK = threading.Lock()
+
+
+def register_u8_wmma() -> dict[str, str]:
+    """Register :data:`U8_INTRINS` from TVM's own generators (once; later calls find them registered)."""
+    from tvm.s_tir.tensor_intrin import cuda as intrin
+
+    made = {
+        "load_a": lambda: intrin.get_wmma_load_intrin(16, 16, 16, "uint8", "shared.dyn", False, False),
+        "load_b": lambda: intrin.get_wmma_load_intrin(16, 16, 16, "uint8", "shared.dyn", True, True),
+        "compute": lambda: intrin.get_wmma_sync_intrin(16, 16, 16, "uint8", "int32", True),
+    }
+    for role, name in U8_INTRINS.items():
+        if s_tir.TensorIntrin.get(name, allow_missing=True) is None:
+            s_tir.TensorIntrin.register(name, *made[role]())
+    return dict(U8_INTRINS)
+
+
+@contextlib.contextmanager
+def _uint8_wmma_group():
+    """While active, the wmma intrinsic group dlight's int8 rule looks up (``get_wmma_intrin_group``, read
+    from its module at each call) names the uint8 load and multiply intrinsics: the schedule is unchanged,
+    only the fragments' element type differs (fill and store are the same int32 accumulator ones)."""
+    from tvm.s_tir.tensor_intrin import cuda as intrin
+
+    register_u8_wmma()
+    original = intrin.get_wmma_intrin_group
+
+    def group(load_scope, store_scope, in_dtype, out_dtype, trans_b):
+        if (load_scope, in_dtype, out_dtype, trans_b) != ("shared.dyn", "int8", "int32", True):
+            raise ValueError(f"no uint8 wmma intrinsics for {load_scope}, {in_dtype}, {out_dtype}, {trans_b}")
+        return {**original(load_scope, store_scope, in_dtype, out_dtype, trans_b), **U8_INTRINS}
+
+    with _U8_LOCK:
+        intrin.get_wmma_intrin_group = group
+        try:
+            yield
+        finally:
+            intrin.get_wmma_intrin_group = original
 
 
 class Int8TensorCoreMatmul(dl.ScheduleRule):
-    """dlight's int8 wmma matmul without software pipelining, for int8 x int8 -> int32 matmuls on sm_72+."""
+    """dlight's int8 wmma matmul without software pipelining, for int8 x int8 and uint8 x uint8 -> int32
+    matmuls (any static extents, padded) on sm_72+."""
 
     def apply(self, func, target, tunable):
         if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "cuda":
@@ -70,10 +122,12 @@ class Int8TensorCoreMatmul(dl.ScheduleRule):
             return None
         sch = s_tir.Schedule(func)
         reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
-        if not reductions or not _int8_gemm_large_enough(sch.get(reductions[0])):
+        dtype = _tc_operand_dtype(sch.get(reductions[0])) if reductions else None
+        if dtype is None:
             return None
         try:
-            sch = MatmulInt8Tensorization().apply(func, target, tunable)
+            with _uint8_wmma_group() if dtype == "uint8" else contextlib.nullcontext():
+                sch = MatmulInt8Tensorization().apply(func, target, tunable)
         except Exception:  # noqa: BLE001 - any failure leaves the function to the next rule
             return None
         if sch is None:
@@ -207,4 +261,5 @@ def int8_instructions(ptx: str) -> dict[str, int]:
 
 
 __all__ = ["EXACT_FLAGS", "Int8TensorCoreMatmul", "compile_callback", "compile_cuda", "cuda_sources",
-           "exact_cuda_compile", "gpu_schedules", "int8_instructions", "nvcc_command", "sm_version", "to_ptx"]
+           "exact_cuda_compile", "gpu_schedules", "int8_instructions", "nvcc_command", "register_u8_wmma",
+           "sm_version", "to_ptx"]

@@ -18,7 +18,7 @@ _KERNEL_DEF = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\
 _PARAM = re.compile(r"([\w:]+(?: [\w:]+)*)\*\s*(?:__restrict__\s*)?(\w+)")
 _CALL = re.compile(r"^\s*call\s+(\S+)\s+in:", re.M)
 _GEMM_NAME = re.compile(r"(?:^|_)(?:matmul|conv\d?d|dense|batch_matmul)\d*(?:_|$)")
-_INT8_TC = re.compile(r"wmma::fragment<[^>]*(?:signed char|unsigned char)|mma\.sync[\w.]*\.[su]8|__imma")
+_INT8_TC = re.compile(r"wmma::fragment<[^>]*(?:(?:un)?signed char|uchar)|mma\.sync[\w.]*\.[su]8|__imma")
 _DIV64 = re.compile(r"\b(?:div|rem)\.[su]64\b")
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(")
 
@@ -120,6 +120,8 @@ class Proxies:
     launch_calls: int = 0
     #: (function, on int8 tensor cores, writes int32) per GEMM call
     gemm_calls: list[tuple[str, bool, bool]] = field(default_factory=list)
+    #: the functions one forward calls, in order (``vm.builtin`` left out)
+    calls: list[str] = field(default_factory=list)
 
     @property
     def div64_total(self) -> int:
@@ -148,7 +150,8 @@ def measure(vm_text: str, source: str, ptx: str | None = None) -> Proxies:
     by_name = kernels(source)
     launches = 0
     untraced, gemm_calls, graphs = [], [], []
-    for call in forward_calls(vm_text, graphs):
+    calls = forward_calls(vm_text, graphs)
+    for call in calls:
         ks = _kernels_of(call, by_name)
         if not ks:
             untraced.append(call)  # a host function or a library call: no kernel of ours
@@ -161,7 +164,7 @@ def measure(vm_text: str, source: str, ptx: str | None = None) -> Proxies:
     in_graphs = sum(len(_kernels_of(c, by_name)) for calls in graphs for c in calls)
     launch_calls = launches - in_graphs + len(graphs)
     return Proxies(
-        launches, len(gemm_calls), tc, i32, len(by_name), div64, untraced, launch_calls, gemm_calls
+        launches, len(gemm_calls), tc, i32, len(by_name), div64, untraced, launch_calls, gemm_calls, calls
     )
 
 
