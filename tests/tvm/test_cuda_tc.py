@@ -42,11 +42,11 @@ CASES = {
 }
 
 
-def gemm_func(m: int, k: int, n: int, dtype: str, fused: bool) -> tvm.tirx.PrimFunc:
-    """``matmul(a, b, y)``: ``y = a @ b`` in int32 on ``dtype`` operands, optionally ``fused`` (CASES),
-    the blocks a fused Relax GEMM has (producer, reduction, epilogue)."""
+def gemm_func(m: int, k: int, n: int, dtype: str, fused: bool, b_dtype: str | None = None):
+    """``matmul(a, b, y)``: ``y = a @ b`` in int32 on ``dtype`` operands (``b_dtype`` for B if given),
+    optionally ``fused`` (CASES), the blocks a fused Relax GEMM has (producer, reduction, epilogue)."""
     a = te.placeholder((m, k), "int32" if fused else dtype, name="a")
-    b = te.placeholder((k, n), dtype, name="b")
+    b = te.placeholder((k, n), b_dtype or dtype, name="b")
     x = te.compute((m, k), lambda i, j: (a[i, j] + 3).astype(dtype), name="operand") if fused else a
     r = te.reduce_axis((0, k), name="k")
     acc = te.compute((m, n), lambda i, j: te.sum(x[i, r].astype("int32") * b[r, j].astype("int32"), axis=r),
@@ -72,10 +72,11 @@ def reference(a, b, dtype, fused):
     return (y >> SHIFT).astype(np.int8) if fused else y
 
 
-def build(case: str, target: str, arch: str = "sm_80"):
-    """The case's PrimFunc built for llvm (unscheduled) or cuda (:func:`.cuda.gpu_schedules`)."""
+def build(case, target: str, arch: str = "sm_80"):
+    """The PrimFunc of a case (name or gemm_func arguments) built for llvm (unscheduled) or cuda
+    (:func:`.cuda.gpu_schedules`)."""
     tgt = make_target(target, arch if target == "cuda" else None)
-    mod = tvm.IRModule({"matmul": gemm_func(*CASES[case])})
+    mod = tvm.IRModule({"matmul": gemm_func(*(CASES[case] if isinstance(case, str) else case))})
     if target == "cuda":
         with tgt:
             mod = gpu_schedules()(mod)
@@ -108,6 +109,14 @@ def test_gemm_on_tensor_cores(case, arch):
     assert counts.get(WMMA[dtype], 0) > 0, counts
     assert not [i for i in counts if ("mma.sync" in i and i != WMMA[dtype]) or "dp4a" in i], counts
     assert kernel.stored_types() == ({"signed char"} if fused else {"int"})
+
+
+@needs_nvcc
+def test_mixed_u8_s8_gemm_stays_off_tensor_cores():
+    """CUDA's wmma has no u8 x s8 form: such a GEMM is left to dlight's generic rule (dp4a)."""
+    (source,) = cuda_sources(build((64, 64, 64, "uint8", False, "int8"), "cuda", "sm_90"))
+    counts = int8_instructions(to_ptx(source, "sm_90"))
+    assert "wmma" not in source and any(i.startswith("dp4a") for i in counts), counts
 
 
 def _check(case: str, target: str, dev):
