@@ -14,6 +14,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
+from .cpu_gemm import pack_gemms, schedule_gemms
 from .exact_quantize import LEGALIZE
 from .int8_matmul import int8_matmul
 from .prepare import prepare_for_tvm
@@ -173,7 +174,7 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
     say("importing into Relax")
     mod, n_int8 = import_relax(prepared, inputs, int8)
     tgt = make_target(target, arch)
-    mod = fuse(mod, tgt)
+    mod = schedule_gemms(fuse(pack_gemms(mod, tgt)[0], tgt), tgt)  # llvm only: cpu_gemm.py
     database = None
     if tune_trials > 0 or tune_db is not None:
         from .tune import open_database, tune

@@ -1,0 +1,452 @@
+"""Deterministic llvm GEMM schedules: int8 on AVX-512 VNNI (``vpdpbusd``), FP32 on 16-wide FMA, no tuning.
+
+On llvm nothing schedules a GEMM unless meta-schedule tunes it (untuned: a serial triple loop). Before fusion,
+:func:`pack_gemms` rewrites every matmul by a constant 2-D weight into a TE GEMM over a pre-packed constant:
+int8 x int8 becomes ``(a + 128) as uint8`` x int8 (``vpdpbusd`` multiplies uint8 by int8) minus the
+constant ``128 * colsum(W)`` (exact modulo 2**32, like every int32 GEMM), the weight packed as
+``[N/16, K/4, 16, 4]`` (the 64 bytes one ``vpdpbusd`` reads); FP32 packs ``[N/16, K, 16]``. An FP32 patch
+embedding (conv2d with stride = kernel) becomes the same GEMM. After fusion, :func:`schedule_gemms` tiles
+every GEMM (register tile of up to 4 rows x 64 columns, accumulators in registers, row/column tiles in
+parallel), runs the fused epilogue per tile, and leaves the function marked scheduled (tuning skips it).
+Matmuls of two activations (attention) get the same tiling without packing, vectorized over columns;
+other reductions (FP32 softmax, LayerNorm) TVM's dlight CPU rule. All of this only for llvm targets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, s_tir, te
+from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.script import tirx as T
+
+from .relax_expr import dtype as _dtype
+from .relax_expr import is_call as _is_call
+
+#: block names of the packed GEMMs emitted by :func:`pack_gemms`
+VNNI_BLOCK, F32_BLOCK = "ivit_vnni_gemm", "ivit_f32_gemm"
+#: TVM's legalized ``relax.matmul`` block (matmuls of two activations)
+MATMUL_BLOCK = "matmul"
+VNNI_INTRIN = "ivit_vnni_16x4_local"
+#: register tile: rows (from the last batch axis and M) x 16-column vectors
+TILE_ROWS, TILE_VECTORS = 4, 4
+
+
+# TVM 0.27's own dot_16x4_vnni intrinsic does not build with its LLVM: llvm.x86.avx512.vpdpbusd.512 now takes
+# <64 x i8> operands ("Call parameter type does not match function signature!"); this one passes them so.
+# Its accumulator is a "local" buffer (the register tile), which the stock description (global) never matches.
+@T.prim_func(s_tir=True)
+def _vnni_desc(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
+               c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
+    with T.sblock("root"):
+        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+        T.writes(c[0:16])
+        for i in T.serial(0, 16):
+            for k in T.serial(0, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+
+
+@T.prim_func(s_tir=True)
+def _vnni_impl(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
+               c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
+    with T.sblock("root"):
+        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+        T.writes(c[0:16])
+        a_u8x64 = T.reinterpret(T.broadcast(T.reinterpret(a.vload([0], "uint8x4"), dtype="int32"), 16),
+                                dtype="uint8x64")
+        c[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), c.vload([0], dtype="int32x16"),
+            a_u8x64, b.vload([0, 0], dtype="int8x64"), dtype="int32x16")
+
+
+def _register_intrin() -> None:
+    try:
+        s_tir.TensorIntrin.get(VNNI_INTRIN)
+    except Exception:  # noqa: BLE001 - not registered yet
+        s_tir.TensorIntrin.register(VNNI_INTRIN, _vnni_desc, _vnni_impl)
+
+
+def has_vnni(target: tvm.target.Target) -> bool:
+    """Whether ``target`` is llvm for a CPU with AVX-512 VNNI."""
+    if target.kind.name != "llvm":
+        return False
+    from tvm.target.codegen import target_has_features
+
+    with target:
+        return bool(target_has_features("avx512vnni"))
+
+
+# ---------------------------------------------------------------------------------------------- packing
+
+
+def pack_vnni(w: np.ndarray) -> np.ndarray:
+    """int8 ``[K, N]`` -> ``[N/16, K/4, 16, 4]``: element ``[n//16, k//4, n%16, k%4] = w[k, n]``."""
+    k, n = w.shape
+    return np.ascontiguousarray(w.T.reshape(n // 16, 16, k // 4, 4).transpose(0, 2, 1, 3))
+
+
+def pack_f32(w: np.ndarray) -> np.ndarray:
+    """float32 ``[K, N]`` -> ``[N/16, K, 16]``: element ``[n//16, k, n%16] = w[k, n]``."""
+    k, n = w.shape
+    return np.ascontiguousarray(w.reshape(k, n // 16, 16).transpose(1, 0, 2))
+
+
+def _ceil(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _w_lead(i, w: te.Tensor, packed_dims: int) -> tuple:
+    """The output's batch indices a (batched) packed operand ``w`` has: its last leading ones."""
+    lead = len(w.shape) - packed_dims
+    return tuple(i[:-2][len(i) - 2 - lead:]) if lead else ()
+
+
+def _vnni_te(a: te.Tensor, w: te.Tensor) -> te.Tensor:
+    *lead, m, kdim = a.shape
+    k = te.reduce_axis((0, kdim), name="k")
+    return te.compute(
+        (*lead, m, w.shape[-4] * 16),
+        lambda *i: te.sum(a[(*i[:-1], k)].astype("int32") * w[(*_w_lead(i, w, 4), i[-1] // 16, k // 4,
+                                                               i[-1] % 16, k % 4)].astype("int32"), axis=k),
+        name=VNNI_BLOCK)
+
+
+def _f32_te(a: te.Tensor, w: te.Tensor) -> te.Tensor:
+    *lead, m, kdim = a.shape
+    k = te.reduce_axis((0, kdim), name="k")
+    return te.compute(
+        (*lead, m, w.shape[-3] * 16),
+        lambda *i: te.sum(a[(*i[:-1], k)] * w[(*_w_lead(i, w, 3), i[-1] // 16, k, i[-1] % 16)], axis=k),
+        name=F32_BLOCK)
+
+
+def _u8_te(a: te.Tensor, mp: int, kp: int) -> te.Tensor:
+    """8-bit ``[..., M, K]`` -> uint8 ``[..., mp, kp]`` (int8 shifted by +128, uint8 as is), zero-padded."""
+    m, kdim, shift = a.shape[-2], a.shape[-1], 128 if a.dtype == "int8" else 0
+
+    def elem(*i):
+        value = a[(*i[:-2], tvm.tirx.min(i[-2], m - 1), tvm.tirx.min(i[-1], kdim - 1))]
+        shifted = (value.astype("int32") + shift).astype("uint8")
+        inside = tvm.tirx.all(i[-2] < m, i[-1] < kdim)
+        return tvm.tirx.if_then_else(inside, shifted, tvm.tirx.const(0, "uint8"))
+
+    return te.compute((*a.shape[:-2], mp, kp), elem, name="ivit_u8_shift")
+
+
+def _pad_rows_te(a: te.Tensor, mp: int) -> te.Tensor:
+    """``[..., M, K]`` -> ``[..., mp, K]``, zero rows beyond M."""
+    m = a.shape[-2]
+    def elem(*i):
+        value = a[(*i[:-2], tvm.tirx.min(i[-2], m - 1), i[-1])]
+        return tvm.tirx.if_then_else(i[-2] < m, value, tvm.tirx.const(0, a.dtype))
+
+    return te.compute((*a.shape[:-2], mp, a.shape[-1]), elem, name="ivit_pad_rows")
+
+
+def _pack_vnni_te(b: te.Tensor, np_: int, kp: int) -> te.Tensor:
+    """8-bit ``[..., K, N]`` -> int8 ``[..., np_/16, kp/4, 16, 4]`` (uint8 shifted by -128), zero-padded: the
+    layout of :func:`pack_vnni`."""
+    *lead, kdim, n = b.shape
+    shift = 128 if b.dtype == "uint8" else 0
+
+    def elem(*i):
+        kk, nn = i[-3] * 4 + i[-1], i[-4] * 16 + i[-2]
+        value = b[(*i[:-4], tvm.tirx.min(kk, kdim - 1), tvm.tirx.min(nn, n - 1))].astype("int32") - shift
+        return tvm.tirx.if_then_else(tvm.tirx.all(kk < kdim, nn < n), value.astype("int8"),
+                                     tvm.tirx.const(0, "int8"))
+
+    return te.compute((*lead, np_ // 16, kp // 4, 16, 4), elem, name="ivit_pack_vnni")
+
+
+def _pack_f32_te(b: te.Tensor, np_: int) -> te.Tensor:
+    """Activation ``[..., K, N]`` -> ``[..., np_/16, K, 16]`` (zero-padded), the layout of pack_f32."""
+    *lead, kdim, n = b.shape
+
+    def elem(*i):
+        nn = i[-3] * 16 + i[-1]
+        value = b[(*i[:-3], i[-2], tvm.tirx.min(nn, n - 1))]
+        return tvm.tirx.if_then_else(nn < n, value, tvm.tirx.const(0, b.dtype))
+
+    return te.compute((*lead, np_ // 16, kdim, 16), elem, name="ivit_pack_f32")
+
+
+def _int32_sum(x: relax.Expr, axis: int) -> relax.Expr:
+    return relax.op.sum(relax.op.astype(x, "int32"), axis=[axis], keepdims=True)
+
+
+@mutator
+class _GemmPacker(PyExprMutator):
+    """Matmuls by constant 2-D weights -> packed TE GEMMs; FP32 patch-embedding convs -> such GEMMs."""
+
+    def __init__(self, mod: tvm.IRModule, vnni: bool):
+        super().__init__(mod)
+        self.vnni = vnni
+        self.count = 0
+
+    def _const(self, expr) -> np.ndarray | None:
+        while isinstance(expr, relax.Var):
+            bound = self.lookup_binding(expr)
+            if bound is None:
+                return None
+            expr = bound
+        return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
+
+    def gemm(self, a: relax.Expr, w: np.ndarray) -> relax.Expr | None:
+        """``matmul(a, w)`` as a packed GEMM, or None where no packed form applies."""
+        kdim, n = w.shape
+        if n % 16 or a.ty.ndim < 2:
+            return None
+        if _dtype(a) in ("int8", "uint8") and w.dtype == np.int8 and self.vnni and kdim % 4 == 0:
+            self.count += 1
+            packed = relax.const(pack_vnni(w))
+            if _dtype(a) == "uint8":
+                return self.builder_.emit_te(_vnni_te, a, packed, primfunc_name_hint=VNNI_BLOCK)
+            shifted = relax.op.add(relax.op.astype(a, "int32"), relax.const(128, "int32"))
+            a_u8 = self.builder_.emit(relax.op.astype(shifted, "uint8"))
+            out = self.builder_.emit_te(_vnni_te, a_u8, packed, primfunc_name_hint=VNNI_BLOCK)
+            colsum = 128 * w.astype(np.int64).sum(axis=0)  # (a + 128).w = a.w + 128*colsum(w)
+            return self.builder_.emit(relax.op.subtract(out, relax.const(colsum.astype(np.int32))))
+        if _dtype(a) == "float32" and w.dtype == np.float32:
+            self.count += 1
+            return self.builder_.emit_te(_f32_te, a, relax.const(pack_f32(w)), primfunc_name_hint=F32_BLOCK)
+        return None
+
+    def gemm_of_activations(self, a: relax.Expr, b: relax.Expr) -> relax.Expr | None:
+        """``matmul(a, b)`` of two activations with the same batch shape (attention): ``b`` packed at run
+        time, both zero-padded (M to TILE_ROWS, N to 16, K to 4 for VNNI), the GEMM sliced back to M x N."""
+        if a.ty.ndim < 3 or a.ty.ndim != b.ty.ndim or a.ty.shape is None or b.ty.shape is None:
+            return None
+        ashape, bshape = [int(d) for d in a.ty.shape], [int(d) for d in b.ty.shape]
+        if ashape[:-2] != bshape[:-2]:
+            return None
+        (m, kdim), n = ashape[-2:], bshape[-1]
+        mp, np_ = _ceil(m, TILE_ROWS), _ceil(n, 16)  # padded: full register tiles (197 tokens is prime)
+        emit, emit_te = self.builder_.emit, self.builder_.emit_te
+        if {_dtype(a), _dtype(b)} <= {"int8", "uint8"} and self.vnni:
+            # a.b = (a + sa).(b - sb) - sa*colsum(b) + sb*rowsum(a) + sa*sb*K; sa/sb = 128 for int8 a/uint8 b
+            kp = _ceil(kdim, 4)
+            a_u8 = emit_te(_u8_te, a, mp, kp, primfunc_name_hint="ivit_u8_shift")
+            packed = emit_te(_pack_vnni_te, b, np_, kp, primfunc_name_hint="ivit_pack_vnni")
+            out = emit_te(_vnni_te, a_u8, packed, primfunc_name_hint=VNNI_BLOCK)
+            sa, sb = 128 * (_dtype(a) == "int8"), 128 * (_dtype(b) == "uint8")
+            terms = []
+            if sa:
+                terms.append(relax.op.multiply(_int32_sum(b, -2), relax.const(-sa, "int32")))
+            if sb:
+                terms.append(relax.op.multiply(_int32_sum(a, -1), relax.const(sb, "int32")))
+            if sa and sb:
+                terms.append(relax.const(np.int32(sa * sb * kdim)))
+            fix = None
+            for term in terms:
+                fix = term if fix is None else relax.op.add(fix, term)
+            fix = None if fix is None else emit(fix)
+        elif _dtype(a) == _dtype(b) == "float32":
+            packed = emit_te(_pack_f32_te, b, np_, primfunc_name_hint="ivit_pack_f32")
+            if mp != m:
+                a = emit_te(_pad_rows_te, a, mp, primfunc_name_hint="ivit_pad_rows")
+            out, fix = emit_te(_f32_te, a, packed, primfunc_name_hint=F32_BLOCK), None
+        else:
+            return None
+        if (mp, np_) != (m, n):
+            rank = a.ty.ndim
+            out = emit(relax.op.strided_slice(out, axes=[rank - 2, rank - 1], begin=[0, 0], end=[m, n]))
+        self.count += 1
+        return out if fix is None else emit(relax.op.add(out, fix))
+
+    def _matmul(self, call: relax.Call) -> relax.Expr | None:
+        a, b = call.args
+        if str(call.ty.dtype) != {"int8": "int32", "uint8": "int32"}.get(_dtype(a), _dtype(a)):
+            return None
+        w = self._const(b)
+        if w is None:
+            return self.gemm_of_activations(a, b)
+        return self.gemm(a, w) if w.ndim == 2 else None
+
+    def _patch_conv(self, call: relax.Call) -> relax.Expr | None:
+        """FP32 conv2d with stride = kernel, no padding/dilation/groups -> patches x packed weight."""
+        x, wexpr = call.args
+        w, at = self._const(wexpr), call.attrs
+        if w is None or _dtype(x) != "float32" or x.ty.ndim != 4 or str(at.data_layout) != "NCHW":
+            return None
+        o, c, kh, kw = w.shape
+        stride, pad, dil = ([int(v) for v in at.strides], [int(v) for v in at.padding],
+                            [int(v) for v in at.dilation])
+        bsz, cin, h, wd = (int(d) for d in x.ty.shape)
+        if (str(at.kernel_layout) != "OIHW" or int(at.groups) != 1 or stride != [kh, kw] or any(pad)
+                or dil != [1, 1] or cin != c or h % kh or wd % kw):
+            return None
+        hp, wp = h // kh, wd // kw
+        patches = relax.op.reshape(x, (bsz, c, hp, kh, wp, kw))
+        patches = relax.op.permute_dims(patches, [0, 2, 4, 1, 3, 5])
+        patches = self.builder_.emit(relax.op.reshape(patches, (bsz, hp * wp, c * kh * kw)))
+        out = self.gemm(patches, np.ascontiguousarray(w.reshape(o, -1).T))
+        if out is None:
+            return None
+        return relax.op.reshape(relax.op.permute_dims(out, [0, 2, 1]), (bsz, o, hp, wp))
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        new = None
+        if _is_call(call, "relax.matmul") and len(call.args) == 2:
+            new = self._matmul(call)
+        elif _is_call(call, "relax.nn.conv2d"):
+            new = self._patch_conv(call)
+        return call if new is None else new
+
+
+def pack_gemms(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModule, int]:
+    """Before fusion, for llvm: GEMMs by constant weights as packed TE GEMMs (int8 ones on VNNI where the
+    CPU has it); returns the module and how many were rewritten. Other targets: unchanged, 0."""
+    if target.kind.name != "llvm":
+        return mod, 0
+    packer = _GemmPacker(mod, has_vnni(target))
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            packer.builder_.update_func(gv, packer.visit_expr(func))
+    new = relax.transform.CanonicalizeBindings()(packer.builder_.get())
+    return relax.transform.DeadCodeElimination()(new), packer.count
+
+
+# -------------------------------------------------------------------------------------------- scheduling
+
+
+def _divisor(extent: int, limit: int) -> int:
+    return next(d for d in range(min(limit, extent), 0, -1) if extent % d == 0)
+
+
+def _row_tile(sch, loops, m_extent: int, shared_b: bool) -> tuple[int, int]:
+    """(rows from the last batch axis, rows from M): up to TILE_ROWS, dividing their extents. M = 197 tokens
+    is prime: the batch axis supplies the rows then, where all batches share the B operand (a weight)."""
+    tm = _divisor(m_extent, TILE_ROWS)
+    if tm >= TILE_ROWS // 2 or len(loops) < 4 or not shared_b:
+        return 1, tm
+    return _divisor(int(sch.get(loops[-4]).extent), TILE_ROWS // tm), tm
+
+
+def _block_named(sch, names):
+    for block in sch.get_child_blocks(_root(sch)):
+        if sch.get(block).name_hint in names:
+            return block
+    return None
+
+
+def _root(sch):
+    from tvm.s_tir.dlight.analysis import get_root_block
+
+    return get_root_block(sch)
+
+
+def _fuse_epilogue(sch, gemm) -> bool:
+    """Inline every block but the GEMM and the output into its consumer; False if that is impossible
+    (a prologue before the GEMM, several outputs, a block that is not elementwise)."""
+    blocks = list(sch.get_child_blocks(_root(sch)))
+    if not sch.get(blocks[0]).same_as(sch.get(gemm)):
+        return False
+    outputs = sch.get_output_blocks(_root(sch))
+    if len(outputs) != 1:
+        return False
+    for block in blocks[1:]:
+        if not sch.get(block).same_as(sch.get(outputs[0])):
+            try:
+                sch.compute_inline(block)
+            except Exception:  # noqa: BLE001 - not inlinable: this function keeps TVM's default
+                return False
+    return True
+
+
+def _extents(block) -> list[int]:
+    return [int(iv.dom.extent) for iv in block.iter_vars]
+
+
+def _schedule(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc | None:
+    sch = s_tir.Schedule(func)
+    gemm = _block_named(sch, (VNNI_BLOCK, F32_BLOCK, MATMUL_BLOCK))
+    if gemm is None or not _fuse_epilogue(sch, gemm):
+        return None
+    block = sch.get(gemm)
+    kind, written = block.name_hint, block.writes[0].source
+    operands = [r.source for r in block.reads if not r.source.same_as(written)]
+    # B is shared by every row (a weight) unless it has batch axes of its own
+    shared_b = len(operands[-1].shape) == {VNNI_BLOCK: 4, F32_BLOCK: 3}.get(kind, 2)
+    output = sch.get_output_blocks(_root(sch))[0]
+    epilogue = None if sch.get(output).same_as(block) else output
+    writeback = sch.cache_write(gemm, 0, "local")
+    if epilogue is not None and _extents(sch.get(epilogue)) == _extents(block)[:-1]:
+        sch.reverse_compute_inline(epilogue)  # per element of the write-back (same domain)
+        epilogue = None
+    loops = sch.get_loops(gemm)
+    if len(loops) < 3 or not all(isinstance(sch.get(lp).extent, tvm.tirx.IntImm) for lp in loops):
+        return None
+    *lead, m, n, k = loops
+    n_ext, m_ext, k_ext = (int(sch.get(lp).extent) for lp in (n, m, k))
+    lanes = 16 if kind != MATMUL_BLOCK else _divisor(n_ext, 16)
+    if n_ext % lanes or (kind == VNNI_BLOCK and k_ext % 4):
+        return None
+    nj = _divisor(n_ext // lanes, TILE_VECTORS)
+    n_o, n_j, n_v = sch.split(n, [None, nj, lanes])
+    if kind == VNNI_BLOCK:
+        k_o, k_i = sch.split(k, [None, 4])
+        sch.reorder(m, n_o, k_o, n_j, n_v, k_i)
+        body = sch.blockize(n_v)
+    else:
+        k_o = k
+        sch.reorder(m, n_o, k_o, n_j, n_v)
+        sch.vectorize(n_v)
+        body = gemm
+    tb, tm = _row_tile(sch, [*lead, m, n, k], m_ext, shared_b)
+    m_o, m_i = sch.split(m, [None, tm])
+    if tb > 1:
+        b_o, b_i = sch.split(lead[-1], [None, tb])
+        outer, rows = [*lead[:-1], b_o, m_o, n_o], [b_i, m_i]
+    else:
+        outer, rows = [*lead, m_o, n_o], [m_i]
+    sch.reorder(*outer, k_o, *rows, n_j)
+    anchor = sch.fuse(*outer)
+    sch.parallel(anchor)
+    sch.reverse_compute_at(writeback, anchor)
+    if epilogue is not None:  # a smaller domain (the GEMM was padded): per tile, after the write-back
+        sch.reverse_compute_at(epilogue, anchor)
+    init = sch.decompose_reduction(body, k_o)
+    for lp in (*rows, n_j):
+        sch.unroll(lp)
+    if kind == VNNI_BLOCK:
+        _register_intrin()
+        sch.tensorize(body, VNNI_INTRIN)
+        sch.vectorize(sch.get_loops(sch.get_child_blocks(init)[0])[-1])
+    else:
+        sch.vectorize(sch.get_loops(init)[-1])
+    wb_loops = sch.get_loops(writeback)
+    _, vec = sch.split(wb_loops[-1], [None, lanes])
+    sch.vectorize(vec)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def schedule_gemms(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """After fusion, for llvm: schedule every fused GEMM (see the module docstring) and, with dlight's CPU
+    reduction rule, the float reductions; functions already scheduled (row kernels) are left alone."""
+    if target.kind.name != "llvm":
+        return mod
+    from tvm.s_tir import dlight as dl
+
+    updates = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.is_scheduled")):
+            scheduled = _schedule(func)
+            if scheduled is not None:
+                updates[gv] = scheduled
+    for gv, func in updates.items():
+        mod[gv] = func
+    with target:
+        return dl.ApplyDefaultSchedule(dl.cpu.Reduction())(mod)
+
+
+def llvm_asm(executable) -> str:
+    """The assembly of a compiled llvm module's kernels (``tvm.compile``'s executable)."""
+    mod = getattr(executable, "mod", executable)
+    return "".join(m.inspect_source("asm") for m in mod.imports if m.kind == "llvm")
+
+
+__all__ = ["VNNI_BLOCK", "F32_BLOCK", "has_vnni", "llvm_asm", "pack_f32", "pack_gemms", "pack_vnni",
+           "schedule_gemms"]
