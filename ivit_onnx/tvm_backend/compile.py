@@ -113,13 +113,20 @@ def _backend(target: tvm.target.Target):
     return pipeline
 
 
-def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-    """Legalize and fuse into TIR functions: the module meta-schedule extracts its tuning tasks from."""
+def fuse(mod: tvm.IRModule, target: tvm.target.Target, prologue: bool | None = None) -> tvm.IRModule:
+    """Legalize and fuse into TIR functions: the module meta-schedule extracts its tuning tasks from.
+    ``prologue``: GEMMs take their injective producers (:mod:`.prologue`; default: on cuda only, where the
+    tensor-core schedule computes them in its operand loads)."""
     from .kernels import restore_injective, schedule_row_kernels
 
     passes = _backend(target).library_dispatch_passes(target) + [
         relax.transform.LegalizeOps(LEGALIZE), relax.transform.AnnotateTIROpPattern(), restore_injective,
-        relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+        relax.transform.FoldConstant(), relax.transform.FuseOps()]
+    if target.kind.name == "cuda" if prologue is None else prologue:
+        from .prologue import fuse_prologue
+
+        passes.append(fuse_prologue)
+    passes.append(relax.transform.FuseTIR())
 
     with target:
         return schedule_row_kernels(tvm.transform.Sequential(passes)(mod), target)

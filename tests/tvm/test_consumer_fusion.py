@@ -1,6 +1,7 @@
 """Producers taken into their consumers' kernels (``kernels.frontend._Import``), bit for bit: the attention
 pattern ``Q·Kᵀ -> Requantize(int8) -> Requantize(int32) -> Shiftmax(uint8) -> P·V`` becomes a GEMM with an
-int8 epilogue, one row kernel that recomputes the int32 scores, and a P·V GEMM on its int8 twin; equal to the
+int8 epilogue, one row kernel that recomputes the int32 scores and writes the probabilities' row sums, and a
+uint8 P·V GEMM whose zero-point term uses those sums; equal to the
 numpy reference and to the inlined bodies on llvm, and on cuda no GEMM writes int32 to global memory. Also the
 row kernels' schedule: each cuda thread block computes its own row only (no per-row arrays)."""
 
@@ -93,12 +94,14 @@ def _fused_names(model) -> list[str]:
 
 @pytest.mark.parametrize("probs_output,a_zero_point", [(True, None), (False, 3)])
 def test_attention_fusion_bitexact_on_llvm(probs_output, a_zero_point):
-    """Kernels (with the fusions) == numpy reference, on random and saturating inputs; with the uint8
-    probabilities also a graph output, both the uint8 kernel and its int8 twin run."""
+    """Kernels (with the fusions) == numpy reference, on random and saturating inputs; P·V is a uint8 GEMM
+    (no shift of the probabilities, no column-sum kernel unless their zero point is not 0); with the
+    probabilities also a graph output, both the plain row kernel and the one with row sums run."""
     model = attention_model(probs_output, a_zero_point)
     names = _fused_names(model)
     assert any("ivit_requantize_ivit_shiftmax" in n for n in names), names  # widening inside the row kernel
     assert not any("cast_subtract" in n for n in names), names  # no separate uint8 -> int8 shift kernel
+    assert any("sum" in n for n in names) == bool(a_zero_point), names  # V's column sums only for za != 0
     art = compile_model(model)
     for feeds in (_feeds(0), {n: np.full(SHAPE, 127, np.int8) for n in ("q", "k", "v")}):
         for out, ref in zip(art.run(feeds), evaluator(model).run(None, feeds), strict=True):

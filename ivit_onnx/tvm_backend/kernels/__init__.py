@@ -10,9 +10,11 @@ nodes in place and :func:`.frontend.ivit_converters` gives the frontend a conver
   rows on llvm), scheduled by :func:`.frontend.schedule_row_kernels` right after fusion.
 
 Converters also take a producer into its consumer's kernel where that saves an int32 tensor in memory or a
-launch (:class:`.frontend._Import`: Shiftmax reads its widening Requantize's input, P·V reads Shiftmax's
-int8 twin; :mod:`.layout`: the patch embedding's epilogue moves to its GEMM), and per-op constants travel
-as data (Shiftmax's ``x0``, ShiftGELU's table start), so ops that differ only in them share one kernel.
+launch (:class:`.frontend._Import`: Shiftmax reads its widening Requantize's input, P·V is a uint8 GEMM
+whose zero-point term uses the row sums the Shiftmax kernel also writes; :mod:`.layout`: the patch
+embedding's epilogue moves to its GEMM, Split and constant-index Gather become slices that
+:mod:`..prologue` moves into the GEMMs reading them), and per-op constants travel as data (Shiftmax's
+``x0``, ShiftGELU's table start), so ops that differ only in them share one kernel.
 
 Every kernel equals the numpy reference (``opset/<op>.py``) bit for bit on the inputs the opset allows;
 :mod:`.arith` holds the shared integer primitives.

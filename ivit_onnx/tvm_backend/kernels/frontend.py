@@ -63,9 +63,8 @@ class _Import:
 
     - ``Shiftmax(Requantize(x))``: the Requantize (Q·Kᵀ's int8 scores widened to int32) is computed inside
       the row kernel, so the GEMM before it stores int8 and nothing writes int32 to global memory;
-    - ``MatMulInteger(Shiftmax(.., uint8 zy), ..)``: the row kernel writes ``y - 128`` as int8 (zero point
-      ``zy - 128``; the same integers, as the opset's int8 form of Shiftmax), so the int8 GEMM needs no
-      separate shift of its uint8 operand;
+    - ``MatMulInteger(Shiftmax(..) uint8, V)``: a uint8 x uint8 GEMM whose zero-point term needs the row
+      sums of the probabilities, which the row kernel writes too (:meth:`matmul`);
     - ``Transpose(0,2,1)`` ending the patch embedding's layout round trip: :mod:`.layout`.
     """
 
@@ -86,8 +85,9 @@ class _Import:
         self.emitted[out] = _Emitted(op, inputs, attrs)
         return out
 
-    def _emit(self, op: str, bb: relax.BlockBuilder, inputs: list, attrs: dict):
+    def _emit(self, op: str, bb: relax.BlockBuilder, inputs: list, attrs: dict, row_sum: bool = False):
         name = f"ivit_{op.lower()}"
+        extra = {"row_sum": True} if row_sum else {}  # Shiftmax only: see :meth:`matmul`
         if op == "Requantize":
             return bb.emit_te(elementwise.requantize, *inputs, **attrs, primfunc_name_hint=name)
         if op == "IAdd":
@@ -107,25 +107,42 @@ class _Import:
                 *inputs[1:],
                 **rq,
                 **attrs,
+                **extra,
                 primfunc_name_hint=f"ivit_requantize_{name}",
                 primfunc_attrs=row_attrs,
             )
         kernel = rows.shiftmax if op == "Shiftmax" else rows.ilayernorm
-        return bb.emit_te(kernel, *inputs, **attrs, primfunc_name_hint=name, primfunc_attrs=row_attrs)
+        return bb.emit_te(
+            kernel, *inputs, **attrs, **extra, primfunc_name_hint=name, primfunc_attrs=row_attrs
+        )
 
-    def matmul_inputs(self, bb: relax.BlockBuilder, inputs: list) -> list:
-        """MatMulInteger's inputs, a uint8 Shiftmax operand A replaced by its int8 twin (see the class)."""
-        inputs = list(inputs) + [None] * (4 - len(inputs))
-        src = self.origin(inputs[0])
-        zy = const_value(src.inputs[1]) if src is not None and src.op == "Shiftmax" else None
-        za = inputs[2]
+    def matmul(self, bb: relax.BlockBuilder, inputs: list):
+        """MatMulInteger ``P·V`` with A a uint8 Shiftmax output (scalar zero point ``za``) as a uint8 x uint8
+        GEMM, V shifted by +128 if int8 (its zero point ``zv`` with it): ``P·V' - zv·rowsum(P)
+        [- za·colsum(V') + K·za·zv]``, exact mod 2**32. The row sums come from the Shiftmax kernel, so with
+        ``za == 0`` (the rewriter's) no other kernel computes a zero-point term. Else None."""
+        a, b, za, zb = list(inputs) + [None] * (4 - len(inputs))
+        src = self.origin(a)
         za_value = np.zeros((), np.uint8) if za is None else const_value(za)
-        if zy is None or zy.dtype != np.uint8 or za_value is None or za_value.size != 1:
-            return inputs
-        shifted = relax.const((zy.astype(np.int16) - 128).astype(np.int8))
-        za8 = relax.const((za_value.reshape(()).astype(np.int16) - 128).astype(np.int8))
-        a8 = self.emit("Shiftmax", bb, [src.inputs[0], shifted], src.attrs)
-        return [a8, inputs[1], za8, inputs[3]]
+        if src is None or src.op != "Shiftmax" or _dtype(a) != "uint8" or _dtype(b) not in ("int8", "uint8"):
+            return None
+        if za_value is None or za_value.size != 1:
+            return None
+        both = self._emit("Shiftmax", bb, list(src.inputs), src.attrs, row_sum=True)
+        p, sums = bb.emit(relax.TupleGetItem(both, 0)), bb.emit(relax.TupleGetItem(both, 1))
+        op, i32 = relax.op, (lambda v: relax.const(v, "int32"))
+        zv = i32(0) if zb is None else op.astype(zb, "int32")
+        if _dtype(b) == "int8":
+            b = bb.emit(op.astype(op.add(op.astype(b, "int32"), i32(128)), "uint8"))
+            zv = op.add(zv, i32(128))
+        gemm = bb.emit(op.matmul(p, b, out_dtype="int32"))
+        out = op.subtract(gemm, op.multiply(zv, op.expand_dims(sums, -1)))
+        za_int = int(za_value.reshape(()))
+        if za_int:
+            colsum = op.sum(op.astype(b, "int32"), axis=[-2], keepdims=True)
+            k = int(a.ty.shape[-1])
+            out = op.add(op.subtract(out, op.multiply(i32(za_int), colsum)), op.multiply(i32(k * za_int), zv))
+        return bb.emit(out)
 
 
 def _emit_shiftgelu(bb: relax.BlockBuilder, inputs: list, attrs: dict, name: str):
@@ -145,7 +162,8 @@ def _emit_shiftgelu(bb: relax.BlockBuilder, inputs: list, attrs: dict, name: str
 
 
 def _converter_classes(state: _Import) -> dict:
-    """Converter classes: one per private op; MatMulInteger and Transpose through :class:`_Import`."""
+    """Converter classes: one per private op; MatMulInteger and Transpose through :class:`_Import`, Gather
+    of a constant scalar index and Split as slices (:func:`.layout.gather_as_slice`, ``split_as_slices``)."""
     from tvm.relax.frontend.onnx import onnx_frontend as fe
 
     def private(op):
@@ -155,7 +173,8 @@ def _converter_classes(state: _Import) -> dict:
         return type(f"Ivit{op}", (fe.OnnxOpConverter,), {"_impl_v1": classmethod(_impl_v1)})
 
     def _impl_v10(cls, bb, inputs, attr, params):
-        return fe.MatMulInteger._impl_v10(bb, state.matmul_inputs(bb, inputs), attr, params)
+        out = state.matmul(bb, inputs)
+        return out if out is not None else fe.MatMulInteger._impl_v10(bb, inputs, attr, params)
 
     def _impl_v13(cls, bb, inputs, attr, params):
         if list(attr.get("perm", ())) == [0, 2, 1]:
@@ -164,7 +183,21 @@ def _converter_classes(state: _Import) -> dict:
                 return out
         return fe.Transpose._impl_v13(bb, inputs, attr, params)
 
+    def _impl_gather(cls, bb, inputs, attr, params):
+        out = layout.gather_as_slice(bb, inputs, attr)
+        return out if out is not None else fe.Gather._impl_v13(bb, inputs, attr, params)
+
+    def _split(version):
+        def impl(cls, bb, inputs, attr, params):
+            split = getattr(fe.Split, version)(bb, inputs, attr, params)
+            slices = layout.split_as_slices(bb, split)
+            return split if slices is None else slices
+
+        return classmethod(impl)
+
     table = {op: private(op) for op in OPS}
+    table["Split"] = type("IvitSplit", (fe.Split,), {v: _split(v) for v in ("_impl_v1", "_impl_v13")})
+    table["Gather"] = type("IvitGather", (fe.Gather,), {"_impl_v13": classmethod(_impl_gather)})
     table["MatMulInteger"] = type(
         "IvitMatMulInteger", (fe.MatMulInteger,), {"_impl_v10": classmethod(_impl_v10)}
     )

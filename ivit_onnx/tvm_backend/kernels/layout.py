@@ -94,4 +94,52 @@ def undo_round_trip(state, bb: relax.BlockBuilder, data):
     return out
 
 
-__all__ = ["relayout", "undo_round_trip"]
+def gather_as_slice(bb: relax.BlockBuilder, inputs: list, attr: dict):
+    """``Gather(x, i, axis)`` with a constant scalar ``i`` as slice + squeeze, else None: TVM calls ``take``
+    opaque (a data-dependent load), a slice is injective, so it can join the GEMM reading it (the class
+    token before the head, :mod:`..prologue`). The same elements."""
+    data, index = inputs[0], const_value(inputs[1])
+    shape = _shape(data) if isinstance(getattr(data, "ty", None), relax.TensorType) else None
+    if index is None or index.ndim != 0 or shape is None or const_value(data) is not None:
+        return None
+    axis = int(attr.get("axis", 0)) % len(shape)
+    i = int(index) % shape[axis]
+    sliced = bb.emit(relax.op.strided_slice(data, axes=[axis], begin=[i], end=[i + 1]))
+    return bb.emit(relax.op.squeeze(sliced, axis=[axis]))
+
+
+#: single-tensor layout ops a split's input may come through, re-emitted per output by :func:`split_as_slices`
+_LAYOUT_OPS = ("relax.reshape", "relax.permute_dims")
+
+
+def split_as_slices(bb: relax.BlockBuilder, split):
+    """The outputs of ``split`` (an un-emitted ``relax.split`` call on a static shape) as a tuple of
+    slices, each of its own copy of the reshape/transpose chain before the split, else None. A split is one
+    kernel per output writing every head's Q, K, V; as separate single-use chains, each joins the attention
+    GEMM reading it (:mod:`..prologue`). The same elements."""
+    data, axis, parts = split.args[0], int(split.attrs.axis), split.attrs.indices_or_sections
+    shape = _shape(data) if isinstance(getattr(data, "ty", None), relax.TensorType) else None
+    if shape is None:
+        return None
+    axis %= len(shape)
+    if isinstance(parts, int) or hasattr(parts, "value"):
+        n = int(parts)
+        if shape[axis] % n:
+            return None
+        cuts = [shape[axis] // n * i for i in range(n + 1)]
+    else:
+        cuts = [0, *[int(c) for c in parts], shape[axis]]
+    chain, base = [], data
+    while is_call(_bound(bb, base), _LAYOUT_OPS[0]) or is_call(_bound(bb, base), _LAYOUT_OPS[1]):
+        chain.append(_bound(bb, base))
+        base = chain[-1].args[0]
+    outs = []
+    for begin, end in zip(cuts[:-1], cuts[1:], strict=True):
+        cur = base
+        for call in reversed(chain):
+            cur = bb.emit(relax.Call(call.op, [cur, *call.args[1:]], call.attrs, call.ty_args))
+        outs.append(bb.emit(relax.op.strided_slice(cur, axes=[axis], begin=[begin], end=[end])))
+    return relax.Tuple(outs)
+
+
+__all__ = ["gather_as_slice", "relayout", "split_as_slices", "undo_round_trip"]

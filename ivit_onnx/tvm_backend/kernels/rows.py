@@ -41,8 +41,9 @@ def _row(i):
     return i[:-1]
 
 
-def shiftmax(x, zy, consts=None, *, x0: int, n: int, bits: int) -> te.Tensor:
-    """``opset.shiftmax.reference`` over the last axis (``consts``: :func:`.arith.exp_constants`, or None)."""
+def shiftmax(x, zy, consts=None, *, x0: int, n: int, bits: int, row_sum: bool = False):
+    """``opset.shiftmax.reference`` over the last axis (``consts``: :func:`.arith.exp_constants`, or None);
+    with ``row_sum``, ``[y, sum(y) over the row]`` (int32; what P·V's zero-point correction needs)."""
     shape, rows, length = list(x.shape), list(x.shape[:-1]), x.shape[-1]
     k = te.reduce_axis((0, length), "k")
     mx = te.compute(rows, lambda *r: te.max(x[r + (k,)].astype(I32), axis=k), name="row_max")
@@ -57,22 +58,32 @@ def shiftmax(x, zy, consts=None, *, x0: int, n: int, bits: int) -> te.Tensor:
     recip = te.compute(
         rows, lambda *r: tirx.truncdiv(const(RECIP_M), total[r]).astype("uint64"), name="row_recip"
     )
-    return te.compute(
+    y = te.compute(
         shape,
         lambda *i: (int_div(exp(*i), wide(recip[_row(i)]), bits) + wide(at(zy, i, shape))).astype(
             str(zy.dtype)
         ),
         name="ivit_shiftmax",
     )
+    return [y, output_row_sum(y)] if row_sum else y
+
+
+def output_row_sum(y: te.Tensor) -> te.Tensor:
+    """int32 sums of ``y``'s rows (8-bit rows of < 2**23 elements), read back from ``y`` itself: scheduled
+    after it in the same kernel, each cuda thread reading the elements it wrote (:func:`schedule`)."""
+    k = te.reduce_axis((0, y.shape[-1]), "k3")
+    rows = list(y.shape[:-1])
+    return te.compute(rows, lambda *r: te.sum(y[r + (k,)].astype(I32), axis=k), name="y_row_sum")
 
 
 def shiftmax_requantized(
-    x, zx, b, c, zr, zy, consts=None, *, rq_qmin: int, rq_qmax: int, x0: int, n: int, bits: int
-) -> te.Tensor:
+    x, zx, b, c, zr, zy, consts=None, *, rq_qmin: int, rq_qmax: int, x0: int, n: int, bits: int,
+    row_sum: bool = False,
+):
     """``Shiftmax(Requantize(x, zx, b, c, zr), zy)`` as one row kernel: the requantized scores are recomputed
     where read (never stored), so their producer (a GEMM) writes its narrower ``x``."""
     scores = requantize(x, zx, b, c, zr, qmin=rq_qmin, qmax=rq_qmax)
-    return shiftmax(scores, zy, consts, x0=x0, n=n, bits=bits)
+    return shiftmax(scores, zy, consts, x0=x0, n=n, bits=bits, row_sum=row_sum)
 
 
 def ilayernorm(x, b, c, bias, zy, *, shift_in: int, p: int, qmin: int, qmax: int) -> te.Tensor:
@@ -117,6 +128,8 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     """One kernel for a row function of this module: cuda thread block per row, or llvm parallel rows."""
     sch = s_tir.Schedule(func)
     blocks = sch.get_child_blocks(get_root_block(sch))
+    tail = blocks[-1] if _is_reduction(sch, blocks[-1]) else None  # :func:`output_row_sum`
+    blocks = blocks[:-1] if tail is not None else blocks
     out = blocks[-1]
     rank = len(sch.get_loops(out))
     if rank == 1:
@@ -146,6 +159,11 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
             sch.set_scope(block, 0, "local")
         else:
             sch.set_scope(block, 0, "local")
+    if tail is not None:  # after the row's outputs, split as they are: each thread sums what it stored
+        sch.reverse_compute_at(tail, row, preserve_unit_loops=True)
+        if cuda:
+            _, tx = sch.split(sch.get_loops(tail)[-1], factors=[None, threads])
+            sch.bind(tx, "threadIdx.x")
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
