@@ -8,11 +8,14 @@
     python benchmarks/bench_tvm.py INT.onnx FP32.onnx --compile-only   # compile times only, int vs fp32
 
 Both models are compiled for the host CPU with the same meta-schedule budget (``--trials`` each, separate
-databases under ``--tune-dir`` so reruns reuse them); onnxruntime runs the FP32 model and, for reference,
-the integer model through its function bodies. Every runner gets the same random inputs and runs once per
-round, rounds interleaved, so all are measured under the same load; the median per batch is reported with
-ratios. The TVM integer output is checked bit for bit against onnxruntime's run of the function bodies
-(freshly attached, as the TVM path does: bodies stored in an older file may predate the current opset).
+databases under ``--tune-dir`` so reruns reuse them). With 0 trials, every GEMM of both builds still has a
+deterministic schedule (``tvm_backend/cpu_gemm.py``: int8 on AVX-512 VNNI where the CPU has it, FP32 on
+packed FMA tiles; tuning skips those) and FP32 softmax/LayerNorm dlight's CPU rule. onnxruntime runs the
+FP32 model and, for reference, the integer model through its function bodies. Every runner gets the same
+random inputs and runs once per round, rounds interleaved, so all are measured under the same load; the
+median per batch is reported with ratios, the CPU model and the load average. The TVM integer output is
+checked bit for bit against onnxruntime's run of the function bodies (freshly attached, as the TVM path
+does: bodies stored in an older file may predate the current opset).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ def _parse(argv):
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--compile-only", action="store_true", help="compile both, print the times, run nothing")
+    p.add_argument("--no-ort-int", action="store_true",
+                   help="check onnxruntime's integer run once for exactness but do not time it (slow)")
     args = p.parse_args(argv)
     if not args.demo and not (args.int_model and args.fp32_model):
         p.error("give INT and FP32 model paths, or --demo")
@@ -141,7 +146,8 @@ def random_inputs(specs, rng) -> dict[str, np.ndarray]:
 
 
 def _tvm_runner(path: Path, specs, feeds, trials: int, tune_dir: Path):
-    """Compile for the host CPU; returns (timed call, call returning numpy outputs, compile seconds)."""
+    """Compile for the host CPU; returns (timed call, call returning numpy outputs, compile seconds, the
+    count of vpdpbusd instructions in the build)."""
     import tvm
     from tvm import relax
 
@@ -155,7 +161,10 @@ def _tvm_runner(path: Path, specs, feeds, trials: int, tune_dir: Path):
     vm = relax.VirtualMachine(art.module, tvm.cpu())
     args = [tvm.runtime.tensor(feeds[i["name"]]) for i in art.inputs]
     fn = vm["main"]
-    return (lambda: fn(*args)), (lambda: art.run([feeds[i["name"]] for i in art.inputs])), seconds
+    from ivit_onnx.tvm_backend.cpu_gemm import llvm_asm
+
+    vnni = llvm_asm(art.module).count("vpdpbusd")
+    return (lambda: fn(*args)), (lambda: art.run([feeds[i["name"]] for i in art.inputs])), seconds, vnni
 
 
 def _ort_runner(model_or_path, feeds, threads: int):
@@ -168,6 +177,17 @@ def _ort_runner(model_or_path, feeds, threads: int):
     data = model_or_path.SerializeToString() if is_proto else str(model_or_path)
     sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     return lambda: sess.run(None, feeds)
+
+
+def cpu_model() -> str:
+    """The host CPU's model name (``/proc/cpuinfo``), for the record next to a figure."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def measure(runners: dict, iters: int, warmup: int) -> dict[str, list[float]]:
@@ -205,8 +225,9 @@ def main(argv=None) -> int:
     int_feeds = {k: fp32_feeds[k] if k in fp32_feeds and fp32_specs[k] == v else random_inputs({k: v}, rng)[k]
                  for k, v in int_specs.items()}
 
-    tvm_int, tvm_int_out, int_s = _tvm_runner(int_path, int_specs, int_feeds, args.trials, tune_dir / "int")
-    tvm_fp32, _, fp32_s = _tvm_runner(fp32_path, fp32_specs, fp32_feeds, args.trials, tune_dir / "fp32")
+    tvm_int, tvm_int_out, int_s, int_vnni = _tvm_runner(int_path, int_specs, int_feeds, args.trials,
+                                                        tune_dir / "int")
+    tvm_fp32, _, fp32_s, _ = _tvm_runner(fp32_path, fp32_specs, fp32_feeds, args.trials, tune_dir / "fp32")
     compile_line = (
         f"compile (llvm, int first in this process): int {int_s:.1f} s, fp32 {fp32_s:.1f} s, "
         f"int/fp32 {int_s / fp32_s:.2f}x"
@@ -225,6 +246,9 @@ def main(argv=None) -> int:
     exact = all(np.array_equal(a, b) for a, b in zip(tvm_int_out(), ort_int(), strict=True))
 
     runners = {"tvm int": tvm_int, "tvm fp32": tvm_fp32, "ort fp32": ort_fp32, "ort int (bodies)": ort_int}
+    if args.no_ort_int:
+        del runners["ort int (bodies)"]
+    load_before = os.getloadavg()[0]
     times = measure(runners, args.iters, args.warmup)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     tuning = f"{args.trials} new trials per model" + (" + stored database" if args.tune_dir else "")
@@ -234,10 +258,14 @@ def main(argv=None) -> int:
     for name, v in times.items():
         q = statistics.quantiles([x * 1e3 for x in v], n=10) if len(v) > 1 else [med[name]] * 9
         print(f"{name:<18}{med[name]:>11.2f}{q[0]:>9.2f}{q[-1]:>9.2f}{med[name] / med['ort fp32']:>12.2f}x")
-    print(f"tvm int / tvm fp32: {med['tvm int'] / med['tvm fp32']:.2f}x")
+    print(f"tvm int / tvm fp32: {med['tvm int'] / med['tvm fp32']:.2f}x; {cpu_model()}, "
+          f"{os.cpu_count()} CPUs, "
+          f"1-min load {load_before:.2f} before / {os.getloadavg()[0]:.2f} after the timed rounds; "
+          f"vpdpbusd instructions in the int build: {int_vnni}")
     if args.json:
         result = {"batch": args.batch, "threads": args.threads, "trials": args.trials,
                   "compile_s": {"int": int_s, "fp32": fp32_s}, "bit_exact": exact, "median_ms": med,
+                  "cpu": cpu_model(), "vpdpbusd": int_vnni,
                   "models": [str(int_path), str(fp32_path)]}
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0 if exact else 1
