@@ -403,11 +403,15 @@ def _schedule(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc | None:
     else:
         outer, rows = [*lead, m_o, n_o], [m_i]
     sch.reorder(*outer, k_o, *rows, n_j)
-    anchor = sch.fuse(*outer)
+    if epilogue is None:
+        anchor = tile = sch.fuse(*outer)
+    else:  # parallel over row tiles only: the epilogue runs on whole rows, vectorized without a remainder
+        anchor, tile = sch.fuse(*outer[:-1]), outer[-1]
     sch.parallel(anchor)
-    sch.reverse_compute_at(writeback, anchor)
-    if epilogue is not None:  # a smaller domain (the GEMM was padded): per tile, after the write-back
+    sch.reverse_compute_at(writeback, tile)
+    if epilogue is not None:  # a smaller domain (the GEMM was padded): per row tile, after its columns
         sch.reverse_compute_at(epilogue, anchor)
+        sch.vectorize(sch.get_loops(epilogue)[-1])
     init = sch.decompose_reduction(body, k_o)
     for lp in (*rows, n_j):
         sch.unroll(lp)
@@ -423,6 +427,44 @@ def _schedule(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc | None:
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
+def _is_sum(func: tvm.tirx.PrimFunc) -> bool:
+    """Whether ``func``'s output block is its only reduction (e.g. cast + sum)."""
+    sch = s_tir.Schedule(func)
+    blocks = list(sch.get_child_blocks(_root(sch)))
+    kinds = [[int(iv.iter_type) for iv in sch.get(b).iter_vars] for b in blocks]
+    return all(2 not in k for k in kinds[:-1]) and 2 in kinds[-1] and len(blocks) <= 3
+
+
+def _schedule_sum(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc | None:
+    """A lone integer sum (the row/column sums of the zero-point fixes): leading axes in parallel, the
+    reduction inside, the summed-over axis innermost unless it is the last one (then the last spatial)."""
+    sch = s_tir.Schedule(func)
+    blocks = list(sch.get_child_blocks(_root(sch)))
+    red = blocks[-1]
+    iters = sch.get(red).iter_vars
+    kinds = [int(iv.iter_type) for iv in iters]  # 0 data parallel, 2 reduction
+    if "int" not in str(sch.get(red).writes[0].source.dtype) or kinds.count(2) != 1:
+        return None
+    try:
+        for block in blocks[:-1]:
+            sch.compute_inline(block)
+    except Exception:  # noqa: BLE001 - not a cast/elementwise prologue
+        return None
+    loops = sch.get_loops(red)
+    (r,) = [lp for lp, kind in zip(loops, kinds, strict=True) if kind == 2]
+    spatial = [lp for lp, kind in zip(loops, kinds, strict=True) if kind == 0]
+    if kinds[-1] == 2:
+        sch.parallel(sch.fuse(*spatial))
+    else:
+        inner = spatial[-1]
+        sch.reorder(*spatial[:-1], r, inner)
+        sch.parallel(sch.fuse(*spatial[:-1]))
+        init = sch.decompose_reduction(red, r)
+        sch.vectorize(inner)
+        sch.vectorize(sch.get_loops(init)[-1])
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
 def schedule_gemms(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """After fusion, for llvm: schedule every fused GEMM (see the module docstring) and, with dlight's CPU
     reduction rule, the float reductions; functions already scheduled (row kernels) are left alone."""
@@ -434,6 +476,8 @@ def schedule_gemms(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule
     for gv, func in mod.functions_items():
         if isinstance(func, tvm.tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.is_scheduled")):
             scheduled = _schedule(func)
+            if scheduled is None and _is_sum(func):
+                scheduled = _schedule_sum(func)
             if scheduled is not None:
                 updates[gv] = scheduled
     for gv, func in updates.items():
