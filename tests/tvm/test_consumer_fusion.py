@@ -32,7 +32,9 @@ pytestmark = pytest.mark.tvm
 SHAPE = [2, 2, 17, 64]  # batch, heads, tokens, head_dim: every GEMM extent >= 16 (int8 tensor cores)
 
 
-def attention_model(probs_output: bool = False, a_zero_point: int | None = None) -> onnx.ModelProto:
+def attention_model(
+    probs_output: bool = False, a_zero_point: int | None = None, shape: tuple = tuple(SHAPE)
+) -> onnx.ModelProto:
     """``softmax(Q·Kᵀ)·V`` as the rewriter emits it (scores requantized to int8, widened to int32 for
     Shiftmax, uint8 probabilities); with ``probs_output`` the probabilities are a graph output too."""
     i64 = np.int64
@@ -62,10 +64,11 @@ def attention_model(probs_output: bool = False, a_zero_point: int | None = None)
         ),
         OPS["Requantize"].make_node(["o", "i32_zp", "o_m", "o_c", "i8_zp"], ["y"], **q),
     ]
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT8, SHAPE) for n in ("q", "k", "v")]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.INT8, SHAPE)]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT8, list(shape)) for n in ("q", "k", "v")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.INT8, list(shape))]
     if probs_output:
-        outputs.append(helper.make_tensor_value_info("probs", TensorProto.UINT8, SHAPE[:3] + SHAPE[2:3]))
+        probs = list(shape[:3]) + [shape[2]]
+        outputs.append(helper.make_tensor_value_info("probs", TensorProto.UINT8, probs))
     graph = helper.make_graph(
         nodes,
         "attention",
@@ -77,9 +80,9 @@ def attention_model(probs_output: bool = False, a_zero_point: int | None = None)
     return attach_functions(model)
 
 
-def _feeds(seed: int = 0) -> dict:
+def _feeds(seed: int = 0, shape: tuple = tuple(SHAPE)) -> dict:
     rng = np.random.default_rng(seed)
-    return {n: rng.integers(-128, 128, SHAPE).astype(np.int8) for n in ("q", "k", "v")}
+    return {n: rng.integers(-128, 128, shape).astype(np.int8) for n in ("q", "k", "v")}
 
 
 def _fused_names(model) -> list[str]:
@@ -134,6 +137,36 @@ def test_row_kernels_compute_their_own_row_on_cuda():
     for name, kernel in rows.items():
         sizes = {int(s) for s in re.findall(r"alignas\(\d+\) [\w ]+?_local_ptr\[(\d+)\];", kernel.body)}
         assert sizes == {1}, (name, sizes)
+
+
+LONG_ROWS = (1, 2, 150, 64)  # 150 tokens: a Shiftmax row kernel of 64 threads, up to 3 elements each
+
+
+def test_long_rows_bitexact_on_llvm():
+    """P·V's zero-point term from the Shiftmax kernel's row sums, on rows longer than a thread's share."""
+    model = attention_model(shape=LONG_ROWS)
+    art = compile_model(model)
+    feeds = _feeds(1, LONG_ROWS)
+    for out, ref in zip(art.run(feeds), evaluator(model).run(None, feeds), strict=True):
+        np.testing.assert_array_equal(out, ref)
+
+
+@needs_nvcc
+def test_shiftmax_row_sums_read_what_each_thread_stored_on_cuda():
+    """The row sums read the probabilities back from global memory without a barrier: only safe because
+    every CUDA thread reads exactly the elements it stored (same index expressions)."""
+    art = compile_model(attention_model(shape=LONG_ROWS), target="cuda", arch="sm_90")
+    (source,) = cuda_sources(art.module)
+    (kernel,) = [k for n, k in kernels(source).items() if "shiftmax" in n]
+    out = next(p for p, t in kernel.params.items() if p.startswith("ivit_shiftmax") and "char" in t)
+    def where(pattern):  # index expressions, serial loop variables named alike (their splits are the same)
+        found = re.findall(pattern, kernel.body)
+        return {re.sub(r"(?<![.\w])(?!int\b|threadIdx\b|blockIdx\b)[A-Za-z_]\w*", "i", e) for e in found}
+
+    stored = where(rf"\b{out}\[([^\]]+)\]\s*=(?!=)")
+    read = where(rf"\b{out}\[([^\]]+)\](?!\s*=(?!=))")
+    assert stored and read, kernel.body
+    assert read <= stored, (read, stored)
 
 
 def patch_model(per_channel: bool) -> onnx.ModelProto:
