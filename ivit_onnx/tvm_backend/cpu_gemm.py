@@ -1,15 +1,18 @@
 """Deterministic llvm GEMM schedules: int8 on AVX-512 VNNI (``vpdpbusd``), FP32 on 16-wide FMA, no tuning.
 
 On llvm nothing schedules a GEMM unless meta-schedule tunes it (untuned: a serial triple loop). Before fusion,
-:func:`pack_gemms` rewrites every matmul by a constant 2-D weight into a TE GEMM over a pre-packed constant:
-int8 x int8 becomes ``(a + 128) as uint8`` x int8 (``vpdpbusd`` multiplies uint8 by int8) minus the
-constant ``128 * colsum(W)`` (exact modulo 2**32, like every int32 GEMM), the weight packed as
-``[N/16, K/4, 16, 4]`` (the 64 bytes one ``vpdpbusd`` reads); FP32 packs ``[N/16, K, 16]``. An FP32 patch
-embedding (conv2d with stride = kernel) becomes the same GEMM. After fusion, :func:`schedule_gemms` tiles
-every GEMM (register tile of up to 4 rows x 64 columns, accumulators in registers, row/column tiles in
-parallel), runs the fused epilogue per tile, and leaves the function marked scheduled (tuning skips it).
-Matmuls of two activations (attention) get the same tiling without packing, vectorized over columns;
-other reductions (FP32 softmax, LayerNorm) TVM's dlight CPU rule. All of this only for llvm targets.
+:func:`pack_gemms` rewrites matmuls into TE GEMMs over packed operands. A constant 2-D weight is packed at
+compile time: int8 x int8 becomes ``(a + 128) as uint8`` x int8 (``vpdpbusd`` multiplies uint8 by int8)
+minus the constant ``128 * colsum(W)`` (exact modulo 2**32, like every int32 GEMM), the weight laid out
+``[N/16, K/4, 16, 4]`` (the 64 bytes one ``vpdpbusd`` reads); FP32 ``[N/16, K, 16]``; an FP32 patch
+embedding (conv2d with stride = kernel) becomes such a GEMM. Attention matmuls (two activations, any 8-bit
+signedness) pack B at run time and pad M, N (and K for VNNI) with zeros to whole tiles, sliced back after,
+with row/column-sum fixes for the shifts. After fusion, :func:`schedule_gemms` tiles every GEMM (register
+tile of up to 4 rows x 64 columns, accumulators in registers, tiles in parallel), runs the fused epilogue
+per tile (whole rows where the GEMM was padded), and marks the function scheduled (tuning skips it).
+Leftover matmuls (N % 16 != 0 weights, no VNNI) get the same tiling vectorized over columns, lone integer
+sums a parallel loop, FP32 softmax/LayerNorm TVM's dlight CPU rule, float exp/erf/tanh TVM's fast_*
+approximations (FP32 GELU's erf is a scalar libm call otherwise). Only llvm targets are touched.
 """
 
 from __future__ import annotations
@@ -113,12 +116,20 @@ def _vnni_te(a: te.Tensor, w: te.Tensor) -> te.Tensor:
         name=VNNI_BLOCK)
 
 
-def _f32_te(a: te.Tensor, w: te.Tensor) -> te.Tensor:
+def _f32_te(a: te.Tensor, w: te.Tensor, mp: int | None = None) -> te.Tensor:
+    """FP32 GEMM over packed ``w``; with ``mp`` > M, rows beyond M read zeros (whole tiles, no copy)."""
     *lead, m, kdim = a.shape
     k = te.reduce_axis((0, kdim), name="k")
+
+    def row(i):
+        if mp is None:
+            return a[(*i[:-1], k)]
+        return tvm.tirx.if_then_else(i[-2] < m, a[(*i[:-2], tvm.tirx.min(i[-2], m - 1), k)],
+                                     tvm.tirx.const(0, a.dtype))
+
     return te.compute(
-        (*lead, m, w.shape[-3] * 16),
-        lambda *i: te.sum(a[(*i[:-1], k)] * w[(*_w_lead(i, w, 3), i[-1] // 16, k, i[-1] % 16)], axis=k),
+        (*lead, mp or m, w.shape[-3] * 16),
+        lambda *i: te.sum(row(i) * w[(*_w_lead(i, w, 3), i[-1] // 16, k, i[-1] % 16)], axis=k),
         name=F32_BLOCK)
 
 
@@ -133,16 +144,6 @@ def _u8_te(a: te.Tensor, mp: int, kp: int) -> te.Tensor:
         return tvm.tirx.if_then_else(inside, shifted, tvm.tirx.const(0, "uint8"))
 
     return te.compute((*a.shape[:-2], mp, kp), elem, name="ivit_u8_shift")
-
-
-def _pad_rows_te(a: te.Tensor, mp: int) -> te.Tensor:
-    """``[..., M, K]`` -> ``[..., mp, K]``, zero rows beyond M."""
-    m = a.shape[-2]
-    def elem(*i):
-        value = a[(*i[:-2], tvm.tirx.min(i[-2], m - 1), i[-1])]
-        return tvm.tirx.if_then_else(i[-2] < m, value, tvm.tirx.const(0, a.dtype))
-
-    return te.compute((*a.shape[:-2], mp, a.shape[-1]), elem, name="ivit_pad_rows")
 
 
 def _pack_vnni_te(b: te.Tensor, np_: int, kp: int) -> te.Tensor:
@@ -244,9 +245,7 @@ class _GemmPacker(PyExprMutator):
             fix = None if fix is None else emit(fix)
         elif _dtype(a) == _dtype(b) == "float32":
             packed = emit_te(_pack_f32_te, b, np_, primfunc_name_hint="ivit_pack_f32")
-            if mp != m:
-                a = emit_te(_pad_rows_te, a, mp, primfunc_name_hint="ivit_pad_rows")
-            out, fix = emit_te(_f32_te, a, packed, primfunc_name_hint=F32_BLOCK), None
+            out, fix = emit_te(_f32_te, a, packed, mp, primfunc_name_hint=F32_BLOCK), None
         else:
             return None
         if (mp, np_) != (m, n):
@@ -306,6 +305,8 @@ def pack_gemms(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModu
         if isinstance(func, relax.Function):
             packer.builder_.update_func(gv, packer.visit_expr(func))
     new = relax.transform.CanonicalizeBindings()(packer.builder_.get())
+    # float exp/erf/tanh as TVM's fast_* polynomials: vectorizable (FP32 GELU's erf: a libm call otherwise)
+    new = relax.transform.FastMathTransform()(new)
     return relax.transform.DeadCodeElimination()(new), packer.count
 
 
@@ -340,15 +341,16 @@ def _root(sch):
 
 def _fuse_epilogue(sch, gemm) -> bool:
     """Inline every block but the GEMM and the output into its consumer; False if that is impossible
-    (a prologue before the GEMM, several outputs, a block that is not elementwise)."""
+    (a prologue before a VNNI GEMM, which must read its operands as they are; several outputs; a block that
+    is not elementwise). An FP32 GEMM's prologue (slicing its operand out of the QKV tensor) is inlined."""
     blocks = list(sch.get_child_blocks(_root(sch)))
-    if not sch.get(blocks[0]).same_as(sch.get(gemm)):
+    if not sch.get(blocks[0]).same_as(sch.get(gemm)) and sch.get(gemm).name_hint == VNNI_BLOCK:
         return False
     outputs = sch.get_output_blocks(_root(sch))
     if len(outputs) != 1:
         return False
-    for block in blocks[1:]:
-        if not sch.get(block).same_as(sch.get(outputs[0])):
+    for block in blocks:
+        if not sch.get(block).same_as(sch.get(outputs[0])) and not sch.get(block).same_as(sch.get(gemm)):
             try:
                 sch.compute_inline(block)
             except Exception:  # noqa: BLE001 - not inlinable: this function keeps TVM's default
