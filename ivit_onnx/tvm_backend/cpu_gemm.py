@@ -11,8 +11,9 @@ with row/column-sum fixes for the shifts. After fusion, :func:`schedule_gemms` t
 tile of up to 4 rows x 64 columns, accumulators in registers, tiles in parallel), runs the fused epilogue
 per tile (whole rows where the GEMM was padded), and marks the function scheduled (tuning skips it).
 Leftover matmuls (N % 16 != 0 weights, no VNNI) get the same tiling vectorized over columns, lone integer
-sums a parallel loop, FP32 softmax/LayerNorm TVM's dlight CPU rule, float exp/erf/tanh TVM's fast_*
-approximations (FP32 GELU's erf is a scalar libm call otherwise). Only llvm targets are touched.
+sums a parallel loop, FP32 softmax/LayerNorm TVM's dlight CPU rule; in float models (no integer matmul)
+exp/erf/tanh become TVM's fast_* approximations (GELU's erf is a scalar libm call otherwise). Only llvm
+targets are touched.
 """
 
 from __future__ import annotations
@@ -185,6 +186,7 @@ class _GemmPacker(PyExprMutator):
         super().__init__(mod)
         self.vnni = vnni
         self.count = 0
+        self.integer = False  # an integer matmul was seen: the integer model, which must stay exact
 
     def _const(self, expr) -> np.ndarray | None:
         while isinstance(expr, relax.Var):
@@ -256,6 +258,7 @@ class _GemmPacker(PyExprMutator):
 
     def _matmul(self, call: relax.Call) -> relax.Expr | None:
         a, b = call.args
+        self.integer |= "int" in _dtype(a)
         if str(call.ty.dtype) != {"int8": "int32", "uint8": "int32"}.get(_dtype(a), _dtype(a)):
             return None
         w = self._const(b)
@@ -305,8 +308,8 @@ def pack_gemms(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModu
         if isinstance(func, relax.Function):
             packer.builder_.update_func(gv, packer.visit_expr(func))
     new = relax.transform.CanonicalizeBindings()(packer.builder_.get())
-    # float exp/erf/tanh as TVM's fast_* polynomials: vectorizable (FP32 GELU's erf: a libm call otherwise)
-    new = relax.transform.FastMathTransform()(new)
+    if not packer.integer:  # float models only: fast_exp/fast_erf are vectorizable (erf: a libm call per
+        new = relax.transform.FastMathTransform()(new)  # element); an integer model's float ops stay exact
     return relax.transform.DeadCodeElimination()(new), packer.count
 
 
