@@ -7,6 +7,8 @@ not matter."""
 from __future__ import annotations
 
 import dataclasses
+import re
+import shutil
 
 import numpy as np
 import onnx
@@ -190,6 +192,30 @@ def test_tvm_llvm_bitexact(trained, test_split):
     expected = _logits(model, feeds, "functions")
     (out,) = compile_model(model, shape={k: [8, SEQ] for k in feeds}).run(feeds)
     np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_tvm_cuda_codegen(trained):
+    """CUDA source and PTX without a GPU: every kernel traced, every GEMM (Q, K, V, Q·Kᵀ, P·V, output, two
+    MLP per layer; the head) on 8-bit tensor cores, the head split and transposes inside the GEMMs (prologue
+    fusion). Known: each layer's Q·Kᵀ stores its masked int32 scores (the mask's Where is not yet taken
+    into the Shiftmax kernel, as DeiT's unmasked widening is)."""
+    pytest.importorskip("tvm")
+    from ivit_onnx.tvm_backend import compile_model
+    from ivit_onnx.tvm_backend.cuda import cuda_sources, to_ptx
+    from ivit_onnx.tvm_backend.proxies import measure
+
+    model = trained[2]
+    inits = {i.name for i in model.graph.initializer}
+    shape = {i.name: [8, SEQ] for i in model.graph.input if i.name not in inits}
+    art = compile_model(model, target="cuda", arch="sm_90", shape=shape)
+    (source,) = cuda_sources(art.module)
+    p = measure(art.module.as_text(), source, to_ptx(source, "sm_90"))
+    assert p.untraced == [] and p.gemms == 8 * LAYERS + 1 and p.int8_tc_gemms == p.gemms, p.gemm_calls
+    int32_out = [g[0] for g in p.gemm_calls if g[2]]
+    assert int32_out == [g[0] for g in p.gemm_calls if "where" in g[0]], p.gemm_calls
+    assert p.int32_gemm_outputs == LAYERS, p.gemm_calls
+    assert not any(re.search(r"(?:^|_)(?:split|transpose\d*)$", c) for c in p.calls), p.calls
 
 
 @pytest.mark.slow
