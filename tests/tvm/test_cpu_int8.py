@@ -83,6 +83,19 @@ def test_matmul_of_activations_bit_exact(a_type, b_type, a_shape, b_shape):
     np.testing.assert_array_equal(y, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
 
 
+def test_without_vnni_int8_gemms_stay_exact(monkeypatch):
+    """A CPU without VNNI (e.g. a CI host): integer GEMMs keep relax.matmul under the generic tiling."""
+    from ivit_onnx.tvm_backend import cpu_gemm
+
+    monkeypatch.setattr(cpu_gemm, "has_vnni", lambda target: False)
+    model, w = gemm_model(4, 17, 96, 32, x_zp=131)
+    x = np.random.default_rng(1).choice(np.array([0, 255, 131, 7], np.uint8), (4, 17, 96))
+    art = compile_model(model)
+    assert "vpdpbusd" not in llvm_asm(art.module)
+    (y,) = art.run({"x": x})
+    np.testing.assert_array_equal(y, ((x.astype(np.int64) - 131) @ w.astype(np.int64)).astype(np.int32))
+
+
 def test_int8_gemms_use_vpdpbusd_and_fp32_ones_fma():
     model, _ = gemm_model(2, 16, 64, 48, x_zp=0)
     assert "vpdpbusd" in llvm_asm(compile_model(model, target=VNNI_TARGET).module)
