@@ -101,6 +101,21 @@ class _Import:
         src = self.origin(inputs[0])
         if op == "Shiftmax" and src is not None and src.op == "Requantize":
             rq = {f"rq_{k}": v for k, v in src.attrs.items()}
+            masked = layout.masked_scores(bb, src.inputs[0])
+            if masked is not None:
+                *tensors, value = masked
+                return bb.emit_te(
+                    rows.shiftmax_masked,
+                    *tensors,
+                    *src.inputs[1:],
+                    *inputs[1:],
+                    mask_value=value,
+                    **rq,
+                    **attrs,
+                    **extra,
+                    primfunc_name_hint=f"ivit_masked_requantize_{name}",
+                    primfunc_attrs=row_attrs,
+                )
             return bb.emit_te(
                 rows.shiftmax_requantized,
                 *src.inputs,

@@ -108,6 +108,28 @@ def gather_as_slice(bb: relax.BlockBuilder, inputs: list, attr: dict):
     return bb.emit(relax.op.squeeze(sliced, axis=[axis]))
 
 
+def masked_scores(bb: relax.BlockBuilder, expr):
+    """``(m, fill, s, mask_value)`` for ``expr = where(m [== mask_value], fill, astype(s, int32))`` with a
+    constant ``fill`` and 8/16-bit scores ``s`` of the full shape (the attention mask rule's form), else
+    None: :func:`.rows.shiftmax_masked` then reads ``s`` and the mask instead of the int32 result."""
+    where = _bound(bb, expr)
+    if not is_call(where, "relax.where") or const_value(where.args[1]) is None:
+        return None
+    cond, fill, wide = where.args
+    cast = _bound(bb, wide)
+    if not is_call(cast, "relax.astype") or str(cast.ty.dtype) != "int32" or _shape(cast) != _shape(where):
+        return None
+    scores = cast.args[0]
+    if str(scores.ty.dtype) not in ("int8", "uint8", "int16", "uint16"):
+        return None
+    test = _bound(bb, cond)
+    if is_call(test, "relax.equal"):
+        value = const_value(test.args[1])
+        if value is not None and value.size == 1:
+            return test.args[0], fill, scores, int(value.reshape(()))
+    return (cond, fill, scores, None) if str(cond.ty.dtype) == "bool" else None
+
+
 #: single-tensor layout ops a split's input may come through, re-emitted per output by :func:`split_as_slices`
 _LAYOUT_OPS = ("relax.reshape", "relax.permute_dims")
 
@@ -142,4 +164,4 @@ def split_as_slices(bb: relax.BlockBuilder, split):
     return relax.Tuple(outs)
 
 
-__all__ = ["gather_as_slice", "relayout", "split_as_slices", "undo_round_trip"]
+__all__ = ["gather_as_slice", "masked_scores", "relayout", "split_as_slices", "undo_round_trip"]
