@@ -7,9 +7,11 @@ For each model (random weights, built once under ``--work`` by ``bench_validate.
 compiled for CUDA (the integer one with ivit-onnx's exact flags, the FP32 one with TVM's fast math) and
 the proxies of :mod:`ivit_onnx.tvm_backend.proxies` are printed side by side: kernel launches per forward,
 int8 tensor-core GEMMs of all GEMMs, GEMMs writing int32 to global memory, 64-bit integer div/rem in the
-PTX (total and kernels holding any), compile time (TVM, then nvcc to PTX). Without a GPU it says so and
-exits 0 there. With one it also times TVM int, TVM FP32, torch FP32, torch FP16 eager and FP16
-``torch.compile`` (the same ``models/`` definitions and weights), rounds interleaved, medians and ratios;
+PTX (total and kernels holding any), thread blocks per GEMM launch (min, median: the grids of the
+scheduled TIR, :func:`ivit_onnx.tvm_backend.cuda.record_launch_grids`), compile time (TVM, then nvcc to
+PTX). Without a GPU it says so and exits 0 there. With one it also times TVM int, TVM FP32, torch FP32,
+torch FP16 eager and FP16 ``torch.compile`` (the same ``models/`` definitions and weights), rounds
+interleaved, medians and ratios;
 checks the TVM integer output bit for bit against onnxruntime's run of the function bodies; and writes
 the per-kernel GPU time of the TVM integer forward (``torch.profiler``, CUDA activities) to
 ``--kernels-out``. Exit status 1 if the integer output is not bit-exact.
@@ -37,6 +39,8 @@ PROXY_COLUMNS = (
     ("div64_total", "div64"),
     ("div64_kernels", "div64 kernels"),
     ("kernels", "kernels"),
+    ("gemm_blocks_min", "GEMM blocks min"),
+    ("gemm_blocks_median", "GEMM blocks med"),
 )
 
 
@@ -65,26 +69,32 @@ def build_proxies(
 ) -> tuple[object, dict]:
     """Compile for cuda; the artifact and its proxy row plus compile seconds (TVM, nvcc) and div64 list."""
     from ivit_onnx.tvm_backend import compile_model
-    from ivit_onnx.tvm_backend.cuda import cuda_sources, to_ptx
+    from ivit_onnx.tvm_backend.cuda import cuda_sources, record_launch_grids, to_ptx
     from ivit_onnx.tvm_backend.proxies import measure
+    from ivit_onnx.tvm_backend.tc_gemm import gemm_blocks
 
     t0 = time.perf_counter()
-    art = compile_model(
-        path,
-        target="cuda",
-        arch=arch,
-        shape={"input": [batch, 3, 224, 224]},
-        fast_math=not exact,
-        cuda_graph=cuda_graph,
-    )
+    with record_launch_grids() as grids:
+        art = compile_model(
+            path,
+            target="cuda",
+            arch=arch,
+            shape={"input": [batch, 3, 224, 224]},
+            fast_math=not exact,
+            cuda_graph=cuda_graph,
+        )
     tvm_s = time.perf_counter() - t0
     source = "\n".join(cuda_sources(art.module))
     t0 = time.perf_counter()
     ptx = to_ptx(source, arch, exact=exact)
     nvcc_s = time.perf_counter() - t0
     proxies = measure(art.module.as_text(), source, ptx)
+    blocks = gemm_blocks(proxies.gemm_calls, grids)  # thread blocks per GEMM launch (scheduled TIR)
     row = {
         **proxies.row(),
+        "gemm_blocks_min": min(blocks, default=0),
+        "gemm_blocks_median": statistics.median(blocks) if blocks else 0,
+        "gemm_blocks": blocks,
         "compile_s": tvm_s,
         "nvcc_s": nvcc_s,
         "div64_per_kernel": proxies.div64,

@@ -1,4 +1,7 @@
-"""CUDA: an 8-bit tensor-core matmul schedule that builds in TVM 0.27, exact compile flags, generated code.
+"""CUDA: 8-bit tensor-core matmul schedules that build in TVM 0.27, exact compile flags, generated code.
+
+Every 8-bit GEMM first gets our own schedule (:mod:`.tc_gemm`: the block tile chosen per GEMM so that its
+grid fills the GPU); where that fails, dlight's rule below.
 
 dlight's ``MatmulInt8Tensorization`` (wmma m16n16k16 s8*s8->s32) fails in ``InjectSoftwarePipeline``
 ("fragment_info_" check) on TVM 0.27; the same schedule without its software-pipeline annotations builds
@@ -14,6 +17,7 @@ multiply-adds nvcc turns into ``dp4a`` on its own; the fused op bodies go to
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import re
 import shutil
@@ -35,6 +39,7 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 
 from .chains import ElementwiseChain
+from .tc_gemm import launch_grids, schedule_tc_gemm
 
 #: int8 wmma needs sm_72+
 MIN_SM = 72
@@ -111,9 +116,14 @@ def _uint8_wmma_group():
             intrin.get_wmma_intrin_group = original
 
 
+#: ``IVIT_CUDA_TC_SCHEDULE=dlight`` skips our tile schedule (dlight's 128x128 rule for every GEMM): A/B runs
+SCHEDULE_ENV = "IVIT_CUDA_TC_SCHEDULE"
+
+
 class Int8TensorCoreMatmul(dl.ScheduleRule):
-    """dlight's int8 wmma matmul without software pipelining, for int8 x int8 and uint8 x uint8 -> int32
-    matmuls (any static extents, padded) on sm_72+."""
+    """int8 x int8 and uint8 x uint8 -> int32 matmuls (any static extents, padded) on wmma, sm_72+: our
+    per-GEMM tile schedule (:func:`.tc_gemm.schedule_tc_gemm`), else dlight's int8 rule without software
+    pipelining."""
 
     def apply(self, func, target, tunable):
         if not isinstance(func, tvm.tirx.PrimFunc) or target.kind.name != "cuda":
@@ -125,6 +135,16 @@ class Int8TensorCoreMatmul(dl.ScheduleRule):
         dtype = _tc_operand_dtype(sch.get(reductions[0])) if reductions else None
         if dtype is None:
             return None
+        if os.environ.get(SCHEDULE_ENV, "") != "dlight":
+            try:  # our tile-per-GEMM schedule (tc_gemm.py) first
+                return schedule_tc_gemm(func, dtype, target, register_u8_wmma() if dtype == "uint8" else None)
+            except Exception:  # noqa: BLE001 - fall back to dlight's fixed 128x128 schedule
+                pass
+        return self._dlight(func, target, tunable, dtype)
+
+    @staticmethod
+    def _dlight(func, target, tunable, dtype):
+        """dlight's ``MatmulInt8Tensorization`` (128x128 block tile) without its pipeline annotations."""
         try:
             with _uint8_wmma_group() if dtype == "uint8" else contextlib.nullcontext():
                 sch = MatmulInt8Tensorization().apply(func, target, tunable)
@@ -143,10 +163,37 @@ class Int8TensorCoreMatmul(dl.ScheduleRule):
         return target.kind.name == "cuda"
 
 
+_GRIDS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ivit_launch_grids", default=None)
+
+
+@contextlib.contextmanager
+def record_launch_grids():
+    """Within the block, :func:`gpu_schedules` adds the launch geometry of every PrimFunc it schedules
+    (:func:`.tc_gemm.launch_grids`: name -> [(thread blocks, threads), ...] per kernel) to the dict
+    yielded."""
+    grids: dict = {}
+    token = _GRIDS.set(grids)
+    try:
+        yield grids
+    finally:
+        _GRIDS.reset(token)
+
+
 def gpu_schedules() -> tvm.transform.Pass:
-    """dlight's default GPU rules after the int8 tensor-core matmul and the elementwise-chain rule."""
-    return dl.ApplyDefaultSchedule(Int8TensorCoreMatmul(), ElementwiseChain(), dl.gpu.Matmul(), dl.gpu.GEMV(),
-                                   dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+    """dlight's default GPU rules after the int8 tensor-core matmul and the elementwise-chain rule (and the
+    launch-geometry record of :func:`record_launch_grids`, when one is active)."""
+    rules = dl.ApplyDefaultSchedule(Int8TensorCoreMatmul(), ElementwiseChain(), dl.gpu.Matmul(),
+                                    dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                                    dl.gpu.Fallback())
+
+    @tvm.transform.module_pass(opt_level=0, name="IvitRecordLaunchGrids")
+    def record(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        grids = _GRIDS.get()
+        if grids is not None:
+            grids.update(launch_grids(mod))
+        return mod
+
+    return tvm.transform.Sequential([rules, record])
 
 
 def cuda_sources(executable) -> list[str]:
@@ -261,5 +308,6 @@ def int8_instructions(ptx: str) -> dict[str, int]:
 
 
 __all__ = ["EXACT_FLAGS", "Int8TensorCoreMatmul", "compile_callback", "compile_cuda", "cuda_sources",
-           "exact_cuda_compile", "gpu_schedules", "int8_instructions", "nvcc_command", "register_u8_wmma",
+           "exact_cuda_compile", "gpu_schedules", "int8_instructions", "nvcc_command", "record_launch_grids",
+           "register_u8_wmma",
            "sm_version", "to_ptx"]

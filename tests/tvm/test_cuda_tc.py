@@ -19,10 +19,12 @@ from ivit_onnx.tvm_backend.cuda import (  # noqa: E402
     cuda_sources,
     gpu_schedules,
     int8_instructions,
+    record_launch_grids,
     register_u8_wmma,
     to_ptx,
 )
 from ivit_onnx.tvm_backend.proxies import kernels, measure  # noqa: E402
+from ivit_onnx.tvm_backend.tc_gemm import choose_tile, gemm_blocks  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
@@ -152,11 +154,21 @@ def test_gemm_bitexact_on_gpu(case):
 @needs_nvcc
 def test_batch8_deit_head_on_tensor_cores(tmp_path):
     """A one-block DeiT at batch 8 with 10 classes: the head (M = 8, N = 10) and every other GEMM on int8
-    tensor cores, none storing int32."""
+    tensor cores, none storing int32, each on the tile ``choose_tile`` picks (its grid)."""
     from _deit_cases import SMALL_DEIT, deit_pair
     from test_cuda_proxies import build_proxies
+    from test_cuda_tiles import deit_gemms
 
     paths = deit_pair(tmp_path, num_classes=10)
-    p = build_proxies(paths["int"], shape={"input": [8, 3, SMALL_DEIT["img_size"], SMALL_DEIT["img_size"]]})
+    with record_launch_grids() as grids:
+        size = SMALL_DEIT["img_size"]
+        p = build_proxies(paths["int"], shape={"input": [8, 3, size, size]})
     assert p.gemms == 8 and p.int8_tc_gemms == p.gemms, p.gemm_calls
     assert p.int32_gemm_outputs == 0, p.gemm_calls
+    # our per-GEMM tiles (tc_gemm.py), not dlight's 512-thread 128x128 one: the grids choose_tile gives on an
+    # H100 for (GEMM batch, M, N): patch, QKV, Q·Kᵀ and P·V per (image, head), proj, fc1, fc2, head
+    tokens = (size // SMALL_DEIT["patch_size"]) ** 2 + 1
+    shapes = deit_gemms(8, SMALL_DEIT["embed_dim"], SMALL_DEIT["num_heads"], tokens, classes=10).values()
+    expected = [choose_tile(*s, 132).grid(*s) for s in shapes]
+    assert gemm_blocks(p.gemm_calls, grids) == expected, p.gemm_calls
+    assert all(t <= 256 for g, _tc, _i32 in p.gemm_calls for _b, t in grids[g])
