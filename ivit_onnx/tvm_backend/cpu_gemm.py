@@ -174,6 +174,13 @@ def _pack_f32_te(b: te.Tensor, np_: int) -> te.Tensor:
     return te.compute((*lead, np_ // 16, kdim, 16), elem, name="ivit_pack_f32")
 
 
+def _static_shape(x: relax.Expr) -> list[int] | None:
+    shape = x.ty.shape
+    if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
+        return None
+    return [int(d) for d in shape]
+
+
 def _int32_sum(x: relax.Expr, axis: int) -> relax.Expr:
     return relax.op.sum(relax.op.astype(x, "int32"), axis=[axis], keepdims=True)
 
@@ -219,10 +226,8 @@ class _GemmPacker(PyExprMutator):
     def gemm_of_activations(self, a: relax.Expr, b: relax.Expr) -> relax.Expr | None:
         """``matmul(a, b)`` of two activations with the same batch shape (attention): ``b`` packed at run
         time, both zero-padded (M to TILE_ROWS, N to 16, K to 4 for VNNI), the GEMM sliced back to M x N."""
-        if a.ty.ndim < 3 or a.ty.ndim != b.ty.ndim or a.ty.shape is None or b.ty.shape is None:
-            return None
-        ashape, bshape = [int(d) for d in a.ty.shape], [int(d) for d in b.ty.shape]
-        if ashape[:-2] != bshape[:-2]:
+        ashape, bshape = _static_shape(a), _static_shape(b)
+        if ashape is None or bshape is None or len(ashape) < 3 or ashape[:-2] != bshape[:-2]:
             return None
         (m, kdim), n = ashape[-2:], bshape[-1]
         mp, np_ = _ceil(m, TILE_ROWS), _ceil(n, 16)  # padded: full register tiles (197 tokens is prime)
@@ -270,12 +275,15 @@ class _GemmPacker(PyExprMutator):
         """FP32 conv2d with stride = kernel, no padding/dilation/groups -> patches x packed weight."""
         x, wexpr = call.args
         w, at = self._const(wexpr), call.attrs
-        if w is None or _dtype(x) != "float32" or x.ty.ndim != 4 or str(at.data_layout) != "NCHW":
+        shape = _static_shape(x)
+        if w is None or _dtype(x) != "float32" or shape is None or len(shape) != 4:
+            return None
+        if str(at.data_layout) != "NCHW":
             return None
         o, c, kh, kw = w.shape
         stride, pad, dil = ([int(v) for v in at.strides], [int(v) for v in at.padding],
                             [int(v) for v in at.dilation])
-        bsz, cin, h, wd = (int(d) for d in x.ty.shape)
+        bsz, cin, h, wd = shape
         if (str(at.kernel_layout) != "OIHW" or int(at.groups) != 1 or stride != [kh, kw] or any(pad)
                 or dil != [1, 1] or cin != c or h % kh or wd % kw):
             return None
@@ -299,8 +307,9 @@ class _GemmPacker(PyExprMutator):
 
 
 def pack_gemms(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModule, int]:
-    """Before fusion, for llvm: GEMMs by constant weights as packed TE GEMMs (int8 ones on VNNI where the
-    CPU has it); returns the module and how many were rewritten. Other targets: unchanged, 0."""
+    """Before fusion, for llvm: matmuls (and FP32 patch convs) as packed TE GEMMs, int8 ones on VNNI where
+    the CPU has it (module docstring); returns the module and how many were rewritten. Other targets:
+    unchanged, 0."""
     if target.kind.name != "llvm":
         return mod, 0
     packer = _GemmPacker(mod, has_vnni(target))
