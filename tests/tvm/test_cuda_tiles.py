@@ -84,7 +84,7 @@ def test_deit_gemm_grids_fill_an_h100(model, batch):
 def test_tile_choice_examples():
     """P·V (N = 64) on a 64-wide tile, a batch-8 head on 16 rows, a big GEMM on 128x128, the old 128x128
     grids of DeiT-Tiny at batch 8 (26-96 blocks) now >= 132."""
-    assert str(choose_tile(96, 197, 64, H100)) == "128x64"
+    assert str(choose_tile(96, 197, 64, H100)) == "128x64"  # 8 images x 12 heads
     assert str(choose_tile(48, 197, 64, H100)) == "64x64"  # 128x64 would give 96 blocks
     assert choose_tile(1, 8, 1000, H100).rows == 16 and choose_tile(1, 8, 10, H100) == Tile((1, 1), (1, 1))
     assert str(choose_tile(1, 64 * 197, 768, H100)) == "128x128"
@@ -110,13 +110,14 @@ def gemm_func(batch: int, m: int, k: int, n: int, dtype: str):
     return te.create_prim_func([a, b, y]).with_attr("global_symbol", "matmul")
 
 
-#: (batch, M, K, N, dtype, expected tile on an H100): DeiT-Tiny batch-8 shapes (P·V and Q·Kᵀ per head,
-#: QKV) and a batch-8 head
+#: (batch, M, K, N, dtype, expected tile on an H100): DeiT-Tiny batch-8 GEMMs (P·V and Q·Kᵀ per image and
+#: head: 24 of them; QKV; the head), and fc1 at batch 64
 CASES = {
-    "pv_u8": (96, 197, 197, 64, "uint8", "128x64"),
-    "qk_s8": (96, 197, 64, 197, "int8", "128x128"),
+    "pv_u8": (24, 197, 197, 64, "uint8", "32x64"),
+    "qk_s8": (24, 197, 64, 197, "int8", "128x64"),
     "qkv_s8": (0, 1576, 192, 576, "int8", "64x64"),
     "head_s8": (0, 8, 192, 1000, "int8", "16x16"),
+    "fc1_b64_s8": (0, 64 * 197, 192, 768, "int8", "128x128"),
 }
 
 
@@ -210,3 +211,20 @@ def test_llvm_is_unaffected():
     assert cuda.Int8TensorCoreMatmul().apply(func, make_target("llvm"), False) is None
     assert cuda.Int8TensorCoreMatmul().apply(func, make_target("cuda", "sm_70"), False) is None
     assert cuda.Int8TensorCoreMatmul().apply(func, make_target("cuda", "sm_90"), False) is not None
+
+
+@needs_nvcc
+@pytest.mark.parametrize("how", ["failure", "env"])
+def test_dlight_fallback(how, monkeypatch):
+    """Where our schedule raises (or IVIT_CUDA_TC_SCHEDULE=dlight), dlight's 128x128 rule (16 warps) takes
+    the GEMM, still on wmma."""
+    if how == "env":
+        monkeypatch.setenv(cuda.SCHEDULE_ENV, "dlight")
+    else:
+        def fail(*_args, **_kwargs):
+            raise RuntimeError("no schedule")
+
+        monkeypatch.setattr(cuda, "schedule_tc_gemm", fail)
+    executable, grids = _build(gemm_func(0, 1576, 192, 576, "int8"), "int8", "sm_90")
+    assert grids == {"matmul": [(13 * 5, 512)]}
+    _check_wmma(executable, "int8", "sm_90")
