@@ -90,12 +90,14 @@ def io_specs(model: onnx.ModelProto, shape: dict | None = None) -> tuple[list[di
     return inputs, outputs
 
 
-def import_relax(model: onnx.ModelProto, inputs: list[dict], int8: bool = True) -> tuple[tvm.IRModule, int]:
+def import_relax(model: onnx.ModelProto, inputs: list[dict], int8: bool = True,
+                 mixed_sign: bool = False) -> tuple[tvm.IRModule, int]:
     """Prepared ONNX -> Relax (weights as constants); with ``int8``, MatMulInteger operands stay 8-bit.
-    ``ai.ivit`` nodes left by ``prepare_for_tvm(keep_ops=...)`` become the TIR kernels of :mod:`.kernels`."""
+    ``ai.ivit`` nodes left by ``prepare_for_tvm(keep_ops=...)`` become the TIR kernels of :mod:`.kernels`;
+    ``mixed_sign``: the target multiplies uint8 x int8 natively (llvm's VNNI), so P·V keeps V int8."""
     from .kernels import ivit_converters
 
-    with ivit_converters():
+    with ivit_converters(mixed_sign):
         mod = from_onnx(model, shape_dict={i["name"]: i["shape"] for i in inputs},
                         dtype_dict={i["name"]: i["dtype"] for i in inputs}, keep_params_in_input=False)
     # converters that take a producer into their kernel (kernels.frontend._Import) leave it unused
@@ -179,8 +181,8 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
     prepared = prepare_for_tvm(model, keep_ops=KERNEL_OPS if kernels else ())
     inputs, outputs = io_specs(prepared, shape)
     say("importing into Relax")
-    mod, n_int8 = import_relax(prepared, inputs, int8)
     tgt = make_target(target, arch)
+    mod, n_int8 = import_relax(prepared, inputs, int8, mixed_sign=tgt.kind.name == "llvm")
     mod = schedule_gemms(fuse(pack_gemms(mod, tgt)[0], tgt), tgt)  # llvm only: cpu_gemm.py
     database = None
     if tune_trials > 0 or tune_db is not None:

@@ -68,8 +68,9 @@ class _Import:
     - ``Transpose(0,2,1)`` ending the patch embedding's layout round trip: :mod:`.layout`.
     """
 
-    def __init__(self):
+    def __init__(self, mixed_sign: bool = False):
         self.emitted: dict = {}
+        self.mixed_sign = mixed_sign  # uint8 x int8 GEMMs are native (llvm): P·V keeps V int8
 
     def origin(self, expr) -> _Emitted | None:
         return self.emitted.get(expr) if isinstance(expr, relax.Var) else None
@@ -133,9 +134,10 @@ class _Import:
 
     def matmul(self, bb: relax.BlockBuilder, inputs: list):
         """MatMulInteger ``P·V`` with A a uint8 Shiftmax output (scalar zero point ``za``) as a uint8 x uint8
-        GEMM, V shifted by +128 if int8 (its zero point ``zv`` with it): ``P·V' - zv·rowsum(P)
-        [- za·colsum(V') + K·za·zv]``, exact mod 2**32. The row sums come from the Shiftmax kernel, so with
-        ``za == 0`` (the rewriter's) no other kernel computes a zero-point term. Else None."""
+        GEMM, V shifted by +128 if int8 (its zero point ``zv`` with it; not with ``mixed_sign``, where
+        uint8 x int8 is native): ``P·V' - zv·rowsum(P) [- za·colsum(V') + K·za·zv]``, exact mod 2**32. The
+        row sums come from the Shiftmax kernel, so with ``za == 0`` (the rewriter's) no other kernel computes
+        a zero-point term. Else None."""
         a, b, za, zb = list(inputs) + [None] * (4 - len(inputs))
         src = self.origin(a)
         za_value = np.zeros((), np.uint8) if za is None else const_value(za)
@@ -143,16 +145,19 @@ class _Import:
             return None
         if za_value is None or za_value.size != 1:
             return None
+        op, i32 = relax.op, (lambda v: relax.const(v, "int32"))
+        za_int, zb_value = int(za_value.reshape(())), np.zeros(()) if zb is None else const_value(zb)
+        shift = _dtype(b) == "int8" and not self.mixed_sign
+        if not shift and not za_int and zb_value is not None and not np.any(zb_value):
+            return bb.emit(op.matmul(a, b, out_dtype="int32"))  # no zero-point term (llvm's u8 x s8)
         both = self._emit("Shiftmax", bb, list(src.inputs), src.attrs, row_sum=True)
         p, sums = bb.emit(relax.TupleGetItem(both, 0)), bb.emit(relax.TupleGetItem(both, 1))
-        op, i32 = relax.op, (lambda v: relax.const(v, "int32"))
         zv = i32(0) if zb is None else op.astype(zb, "int32")
-        if _dtype(b) == "int8":
+        if shift:
             b = bb.emit(op.astype(op.add(op.astype(b, "int32"), i32(128)), "uint8"))
             zv = op.add(zv, i32(128))
         gemm = bb.emit(op.matmul(p, b, out_dtype="int32"))
         out = op.subtract(gemm, op.multiply(zv, op.expand_dims(sums, -1)))
-        za_int = int(za_value.reshape(()))
         if za_int:
             colsum = op.sum(op.astype(b, "int32"), axis=[-2], keepdims=True)
             k = int(a.ty.shape[-1])
@@ -221,14 +226,14 @@ def _converter_classes(state: _Import) -> dict:
 
 
 @contextlib.contextmanager
-def ivit_converters():
+def ivit_converters(mixed_sign: bool = False):
     """Within this block, ``from_onnx`` converts ``Requantize``, ``IAdd``, ``ShiftGELU``, ``Shiftmax`` and
     ``ILayerNorm`` nodes to the kernels of this package, MatMulInteger and Transpose through
-    :class:`_Import` (the frontend's table is restored on exit)."""
+    :class:`_Import` (``mixed_sign``: see there; the frontend's table is restored on exit)."""
     from tvm.relax.frontend.onnx import onnx_frontend as fe
 
     original = fe._get_convert_map
-    extra = _converter_classes(_Import())
+    extra = _converter_classes(_Import(mixed_sign))
 
     def patched():
         table = original()
