@@ -7,10 +7,10 @@ dlight's ``MatmulInt8Tensorization`` (wmma m16n16k16 s8*s8->s32) fails in ``Inje
 ("fragment_info_" check) on TVM 0.27; the same schedule without its software-pipeline annotations builds
 and lowers to ``wmma.mma.sync...s32.s8.s8.s32``. It takes int8 x int8 operands (:mod:`.int8_matmul`) and,
 with the same schedule on wmma intrinsics of our own registered from TVM's generators for ``uint8``,
-uint8 x uint8 (``...s32.u8.u8.s32``; CUDA has no mixed u8 x s8 wmma). Any extent is taken: the schedule
-pads M and N to 128 and K to 16 and stores only the real rows and columns, so a batch-8 classifier head
-(M = 8, N = classes) runs on tensor cores too. Other matmuls go to dlight's generic rules, whose 8-bit
-multiply-adds nvcc turns into ``dp4a`` on its own; the fused op bodies go to
+uint8 x uint8 (``...s32.u8.u8.s32``; CUDA has no mixed u8 x s8 wmma). Any extent is taken: both
+schedules pad M and N to their block tile and K to 16 and store only the real rows and columns, so a
+batch-8 classifier head (M = 8, N = classes) runs on tensor cores too. Other matmuls go to dlight's
+generic rules, whose 8-bit multiply-adds nvcc turns into ``dp4a`` on its own; the fused op bodies go to
 :class:`.chains.ElementwiseChain` (dlight's Fallback never finishes on them).
 """
 
