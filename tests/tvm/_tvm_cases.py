@@ -11,6 +11,9 @@ from ivit_onnx.opset.functions import attach_functions
 from ivit_onnx.opset.shift_exp import max_n
 
 INT_TYPES = (np.int8, np.uint8, np.int16, np.int32)
+#: the PTX wmma multiply of 8-bit operands, by operand dtype (the CUDA tests look for it)
+WMMA = {"uint8": "wmma.mma.sync.aligned.row.col.m16n16k16.s32.u8.u8.s32",
+        "int8": "wmma.mma.sync.aligned.row.col.m16n16k16.s32.s8.s8.s32"}
 
 
 def _info(dt) -> tuple[int, int, int]:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 tvm = pytest.importorskip("tvm")
+from _tvm_cases import WMMA  # noqa: E402
 from tvm import te  # noqa: E402
 
 from ivit_onnx.tvm_backend.compile import make_target  # noqa: E402
@@ -29,8 +30,6 @@ from ivit_onnx.tvm_backend.tc_gemm import choose_tile, gemm_blocks  # noqa: E402
 pytestmark = pytest.mark.tvm
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
-WMMA = {"uint8": "wmma.mma.sync.aligned.row.col.m16n16k16.s32.u8.u8.s32",
-        "int8": "wmma.mma.sync.aligned.row.col.m16n16k16.s32.s8.s8.s32"}
 FRAGMENT = {"uint8": "uchar", "int8": "signed char"}
 SHIFT = 7  # the epilogue: int8(acc >> SHIFT), wrapping as a cast does
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 tvm = pytest.importorskip("tvm")
+from _tvm_cases import WMMA  # noqa: E402
 from tvm import te  # noqa: E402
 
 from ivit_onnx.tvm_backend import cuda  # noqa: E402
@@ -34,8 +35,6 @@ from ivit_onnx.tvm_backend.tc_gemm import (  # noqa: E402
 pytestmark = pytest.mark.tvm
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
-WMMA = {"uint8": "wmma.mma.sync.aligned.row.col.m16n16k16.s32.u8.u8.s32",
-        "int8": "wmma.mma.sync.aligned.row.col.m16n16k16.s32.s8.s8.s32"}
 SHIFT = 9
 H100 = 132
 

@@ -98,28 +98,11 @@ def shiftmax_requantized(
     return shiftmax(scores, zy, consts, x0=x0, n=n, bits=bits, row_sum=row_sum)
 
 
-def shiftmax_masked(
-    m,
-    fill,
-    s,
-    zx,
-    b,
-    c,
-    zr,
-    zy,
-    consts=None,
-    *,
-    mask_value: int | None,
-    rq_qmin: int,
-    rq_qmax: int,
-    x0: int,
-    n: int,
-    bits: int,
-    row_sum: bool = False,
-):
+def shiftmax_masked(m, fill, s, *args, mask_value: int | None, **kwargs):
     """``Shiftmax(Requantize(Where(m [== mask_value], fill, int32(s))))`` as one row kernel (``m``, ``fill``
-    broadcast): the masked int32 scores are recomputed where read from the narrow ``s`` and the mask, so the
-    GEMM before them stores ``s`` (BERT's attention mask; the rule is ``passes/rules/mask.py``'s)."""
+    broadcast; ``args``, ``kwargs``: :func:`shiftmax_requantized`'s after ``x``): the masked int32 scores are
+    recomputed where read from the narrow ``s`` and the mask, so the GEMM before them stores ``s`` (BERT's
+    attention mask; the rule is ``passes/rules/mask.py``'s)."""
     shape = list(s.shape)
 
     def masked(*i):
@@ -127,10 +110,7 @@ def shiftmax_masked(
         cond = keep == tirx.const(mask_value, str(m.dtype)) if mask_value is not None else keep
         return tirx.Select(cond, at(fill, i, shape).astype(I32), s[i].astype(I32))
 
-    x = te.compute(shape, masked, name="masked_scores")
-    return shiftmax_requantized(
-        x, zx, b, c, zr, zy, consts, rq_qmin=rq_qmin, rq_qmax=rq_qmax, x0=x0, n=n, bits=bits, row_sum=row_sum
-    )
+    return shiftmax_requantized(te.compute(shape, masked, name="masked_scores"), *args, **kwargs)
 
 
 def ilayernorm(x, b, c, bias, zy, *, shift_in: int, p: int, qmin: int, qmax: int) -> te.Tensor:
