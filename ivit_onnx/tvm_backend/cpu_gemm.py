@@ -24,6 +24,7 @@ from tvm import relax, s_tir, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.script import tirx as T
 
+from .relax_expr import bound, const_value, int32_sum, static_shape
 from .relax_expr import dtype as _dtype
 from .relax_expr import is_call as _is_call
 
@@ -174,17 +175,6 @@ def _pack_f32_te(b: te.Tensor, np_: int) -> te.Tensor:
     return te.compute((*lead, np_ // 16, kdim, 16), elem, name="ivit_pack_f32")
 
 
-def _static_shape(x: relax.Expr) -> list[int] | None:
-    shape = x.ty.shape
-    if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
-        return None
-    return [int(d) for d in shape]
-
-
-def _int32_sum(x: relax.Expr, axis: int) -> relax.Expr:
-    return relax.op.sum(relax.op.astype(x, "int32"), axis=[axis], keepdims=True)
-
-
 @mutator
 class _GemmPacker(PyExprMutator):
     """Matmuls by constant 2-D weights -> packed TE GEMMs; FP32 patch-embedding convs -> such GEMMs."""
@@ -196,12 +186,7 @@ class _GemmPacker(PyExprMutator):
         self.integer = False  # an integer matmul was seen: the integer model, which must stay exact
 
     def _const(self, expr) -> np.ndarray | None:
-        while isinstance(expr, relax.Var):
-            bound = self.lookup_binding(expr)
-            if bound is None:
-                return None
-            expr = bound
-        return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
+        return const_value(bound(self.lookup_binding, expr))
 
     def gemm(self, a: relax.Expr, w: np.ndarray) -> relax.Expr | None:
         """``matmul(a, w)`` as a packed GEMM, or None where no packed form applies."""
@@ -226,7 +211,7 @@ class _GemmPacker(PyExprMutator):
     def gemm_of_activations(self, a: relax.Expr, b: relax.Expr) -> relax.Expr | None:
         """``matmul(a, b)`` of two activations with the same batch shape (attention): ``b`` packed at run
         time, both zero-padded (M to TILE_ROWS, N to 16, K to 4 for VNNI), the GEMM sliced back to M x N."""
-        ashape, bshape = _static_shape(a), _static_shape(b)
+        ashape, bshape = static_shape(a), static_shape(b)
         if ashape is None or bshape is None or len(ashape) < 3 or ashape[:-2] != bshape[:-2]:
             return None
         (m, kdim), n = ashape[-2:], bshape[-1]
@@ -241,9 +226,9 @@ class _GemmPacker(PyExprMutator):
             sa, sb = 128 * (_dtype(a) == "int8"), 128 * (_dtype(b) == "uint8")
             terms = []
             if sa:
-                terms.append(relax.op.multiply(_int32_sum(b, -2), relax.const(-sa, "int32")))
+                terms.append(relax.op.multiply(int32_sum(b, -2), relax.const(-sa, "int32")))
             if sb:
-                terms.append(relax.op.multiply(_int32_sum(a, -1), relax.const(sb, "int32")))
+                terms.append(relax.op.multiply(int32_sum(a, -1), relax.const(sb, "int32")))
             if sa and sb:
                 terms.append(relax.const(np.int32(sa * sb * kdim)))
             fix = None
@@ -264,7 +249,7 @@ class _GemmPacker(PyExprMutator):
     def _matmul(self, call: relax.Call) -> relax.Expr | None:
         a, b = call.args
         self.integer |= "int" in _dtype(a)
-        if str(call.ty.dtype) != {"int8": "int32", "uint8": "int32"}.get(_dtype(a), _dtype(a)):
+        if _dtype(call) != {"int8": "int32", "uint8": "int32"}.get(_dtype(a), _dtype(a)):
             return None
         w = self._const(b)
         if w is None:
@@ -275,7 +260,7 @@ class _GemmPacker(PyExprMutator):
         """FP32 conv2d with stride = kernel, no padding/dilation/groups -> patches x packed weight."""
         x, wexpr = call.args
         w, at = self._const(wexpr), call.attrs
-        shape = _static_shape(x)
+        shape = static_shape(x)
         if w is None or _dtype(x) != "float32" or shape is None or len(shape) != 4:
             return None
         if str(at.data_layout) != "NCHW":

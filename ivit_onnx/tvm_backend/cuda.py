@@ -39,18 +39,13 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 
 from .chains import ElementwiseChain
-from .tc_gemm import launch_grids, schedule_tc_gemm
+from .tc_gemm import launch_grids, schedule_tc_gemm, sm_version
 
 #: int8 wmma needs sm_72+
 MIN_SM = 72
 _PIPELINE_KEYS = ("software_pipeline_order", "software_pipeline_stage")
 #: operand dtypes that have a wmma m16n16k16 -> int32 instruction (both operands alike)
 TC_DTYPES = ("int8", "uint8")
-
-
-def sm_version(target: tvm.target.Target) -> int:
-    digits = str(target.attrs.get("arch", "")).replace("sm_", "")
-    return int(digits) if digits.isdigit() else -1
 
 
 def _tc_operand_dtype(block) -> str | None:

@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .relax_expr import bound, int32_sum
 from .relax_expr import dtype as _dtype
 from .relax_expr import is_call as _is_call
 
@@ -33,13 +34,7 @@ class _Int8MatmulRewriter(PyExprMutator):
         self.count = 0
 
     def _bound(self, expr):
-        """The value bound to a var (through var-to-var bindings), else the expression itself."""
-        while isinstance(expr, relax.Var):
-            value = self.lookup_binding(expr)
-            if value is None:
-                return expr
-            expr = value
-        return expr
+        return bound(self.lookup_binding, expr)
 
     def _const(self, expr) -> np.ndarray | None:
         """numpy value of a constant expression built from constants by astype/expand_dims, else None."""
@@ -107,10 +102,10 @@ class _Int8MatmulRewriter(PyExprMutator):
         emit = self.builder_.emit
         out = emit(relax.op.matmul(a8, b8, out_dtype="int32"))
         if za is not None:
-            colsum = emit(relax.op.sum(relax.op.astype(b8, "int32"), axis=[-2], keepdims=True))
+            colsum = emit(int32_sum(b8, -2))
             out = emit(relax.op.subtract(out, relax.op.multiply(za, colsum)))
         if zb is not None:
-            rowsum = emit(relax.op.sum(relax.op.astype(a8, "int32"), axis=[-1], keepdims=True))
+            rowsum = emit(int32_sum(a8, -1))
             out = emit(relax.op.subtract(out, relax.op.multiply(zb, rowsum)))
         if za is not None and zb is not None:
             k = int(a8.ty.shape[-1])

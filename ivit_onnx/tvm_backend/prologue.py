@@ -13,6 +13,7 @@ unchanged: the producer's integers are computed by the same TIR, only where they
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
 #: relay's OpPatternKind: up to kInjective a PrimFunc is an index map of its inputs; kOutEWiseFusable: GEMM
@@ -63,10 +64,7 @@ def _gemm_operands(mod: tvm.IRModule, value) -> set[int]:
 
 def _substitute(expr, env: dict):
     if isinstance(expr, relax.Var):
-        for var, value in env.items():
-            if var.same_as(expr):
-                return value
-        return expr
+        return env.get(expr, expr)
     if isinstance(expr, relax.Call):
         return relax.Call(expr.op, [_substitute(a, env) for a in expr.args], expr.attrs, expr.ty_args)
     if isinstance(expr, relax.Tuple):
@@ -134,24 +132,14 @@ def _merge(bb: relax.BlockBuilder, mod: tvm.IRModule, gemm, producers: dict):
 
 
 def _uses(func: relax.Function) -> dict:
+    """How many times each var is read in ``func``'s bindings and result."""
     counts: dict = {}
 
-    def visit(expr):
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-        elif isinstance(expr, relax.Call):
-            for a in expr.args:
-                visit(a)
-        elif isinstance(expr, relax.Tuple):
-            for f in expr.fields:
-                visit(f)
-        elif isinstance(expr, relax.TupleGetItem):
-            visit(expr.tuple_value)
+    def visit(var):
+        counts[var] = counts.get(var, 0) + 1
 
-    for block in func.body.blocks:
-        for b in block.bindings:
-            visit(b.value)
-    visit(func.body.body)
+    for value in [b.value for block in func.body.blocks for b in block.bindings] + [func.body.body]:
+        tvm_ffi.structural_walk(value, [(relax.Var, visit)])
     return counts
 
 

@@ -22,4 +22,29 @@ def const_value(expr) -> np.ndarray | None:
     return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
 
 
-__all__ = ["const_value", "dtype", "is_call"]
+def bound(lookup, expr):
+    """The value bound to ``expr`` through var-to-var bindings, else ``expr`` itself (``lookup``: the
+    ``lookup_binding`` of the BlockBuilder or mutator that emitted them)."""
+    while isinstance(expr, relax.Var):
+        value = lookup(expr)
+        if value is None:
+            return expr
+        expr = value
+    return expr
+
+
+def static_shape(expr) -> list[int] | None:
+    """The shape of a tensor-typed expression when every dimension is static, else None."""
+    ty = getattr(expr, "ty", None)
+    shape = ty.shape if isinstance(ty, relax.TensorType) else None
+    if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
+        return None
+    return [int(d) for d in shape]
+
+
+def int32_sum(x, axis: int):
+    """``sum(int32(x))`` over ``axis``, kept: the row/column sums of GEMM zero-point terms."""
+    return relax.op.sum(relax.op.astype(x, "int32"), axis=[axis], keepdims=True)
+
+
+__all__ = ["bound", "const_value", "dtype", "int32_sum", "is_call", "static_shape"]

@@ -90,10 +90,15 @@ TILES = (
 )
 
 
+def sm_version(target: tvm.target.Target) -> int:
+    """The compute capability in the target's ``arch`` (``sm_90`` -> 90), else -1."""
+    digits = str(target.attrs.get("arch", "")).replace("sm_", "")
+    return int(digits) if digits.isdigit() else -1
+
+
 def sm_count(target: tvm.target.Target) -> int:
     """SMs of the target's GPU, by its ``arch`` (:data:`SMS`, else :data:`DEFAULT_SMS`)."""
-    digits = str(target.attrs.get("arch", "")).replace("sm_", "")
-    return SMS.get(int(digits), DEFAULT_SMS) if digits.isdigit() else DEFAULT_SMS
+    return SMS.get(sm_version(target), DEFAULT_SMS)
 
 
 def max_edge(extent: int) -> int:
@@ -289,4 +294,4 @@ def _kernel_grids(body) -> list[tuple[int, int]]:
 
 
 __all__ = ["DEFAULT_SMS", "SMS", "TILES", "Tile", "choose_tile", "gemm_blocks", "launch_grids", "max_edge",
-           "schedule_tc_gemm", "sm_count"]
+           "schedule_tc_gemm", "sm_count", "sm_version"]

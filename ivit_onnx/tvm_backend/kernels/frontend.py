@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 
 from ...opset import OPS
-from ..relax_expr import const_value
+from ..relax_expr import const_value, int32_sum
 from ..relax_expr import dtype as _dtype
 from . import arith, elementwise, layout, rows
 
@@ -101,30 +101,21 @@ class _Import:
             inputs = [*inputs, relax.const(arith.exp_constants(attrs["x0"], attrs["n"]), "int64")]
         src = self.origin(inputs[0])
         if op == "Shiftmax" and src is not None and src.op == "Requantize":
+            kernel, head, hint = rows.shiftmax_requantized, src.inputs, f"ivit_requantize_{name}"
             rq = {f"rq_{k}": v for k, v in src.attrs.items()}
             masked = layout.masked_scores(bb, src.inputs[0])
-            if masked is not None:
-                *tensors, value = masked
-                return bb.emit_te(
-                    rows.shiftmax_masked,
-                    *tensors,
-                    *src.inputs[1:],
-                    *inputs[1:],
-                    mask_value=value,
-                    **rq,
-                    **attrs,
-                    **extra,
-                    primfunc_name_hint=f"ivit_masked_requantize_{name}",
-                    primfunc_attrs=row_attrs,
-                )
+            if masked is not None:  # the int32 scores come from Where(mask, fill, int32(s))
+                *tensors, rq["mask_value"] = masked
+                kernel, head = rows.shiftmax_masked, [*tensors, *src.inputs[1:]]
+                hint = f"ivit_masked_requantize_{name}"
             return bb.emit_te(
-                rows.shiftmax_requantized,
-                *src.inputs,
+                kernel,
+                *head,
                 *inputs[1:],
                 **rq,
                 **attrs,
                 **extra,
-                primfunc_name_hint=f"ivit_requantize_{name}",
+                primfunc_name_hint=hint,
                 primfunc_attrs=row_attrs,
             )
         kernel = rows.shiftmax if op == "Shiftmax" else rows.ilayernorm
@@ -159,7 +150,7 @@ class _Import:
         gemm = bb.emit(op.matmul(p, b, out_dtype="int32"))
         out = op.subtract(gemm, op.multiply(zv, op.expand_dims(sums, -1)))
         if za_int:
-            colsum = op.sum(op.astype(b, "int32"), axis=[-2], keepdims=True)
+            colsum = int32_sum(b, -2)
             k = int(a.ty.shape[-1])
             out = op.add(op.subtract(out, op.multiply(i32(za_int), colsum)), op.multiply(i32(k * za_int), zv))
         return bb.emit(out)

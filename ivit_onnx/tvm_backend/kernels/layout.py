@@ -17,24 +17,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-from ..relax_expr import const_value, is_call
-
-
-def _bound(bb: relax.BlockBuilder, expr):
-    """The expression bound to ``expr`` (through var-to-var bindings), else ``expr``."""
-    while isinstance(expr, relax.Var):
-        value = bb.lookup_binding(expr)
-        if value is None:
-            break
-        expr = value
-    return expr
-
-
-def _shape(expr) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None or not all(hasattr(d, "value") for d in shape):
-        return None
-    return [int(d.value) for d in shape]
+from ..relax_expr import bound, const_value, dtype, is_call, static_shape
 
 
 def relayout(value: np.ndarray, channels: int) -> np.ndarray | None:
@@ -50,15 +33,15 @@ def relayout(value: np.ndarray, channels: int) -> np.ndarray | None:
 def undo_round_trip(state, bb: relax.BlockBuilder, data):
     """The value of ``permute_dims(data, [0,2,1])`` computed without the round trip (see the module doc),
     or None where ``data`` is not the end of one. ``state`` is the import's :class:`.frontend._Import`."""
-    r2 = _bound(bb, data)
+    r2 = bound(bb.lookup_binding, data)
     if not is_call(r2, "relax.reshape"):
         return None
-    s4, s3 = _shape(r2.args[0]), _shape(r2)
+    s4, s3 = static_shape(r2.args[0]), static_shape(r2)
     if s4 is None or len(s4) != 4 or s3 != [s4[0], s4[1], s4[2] * s4[3]]:
         return None
     chain, cur = [], r2.args[0]
     while True:
-        if _shape(cur) != s4:
+        if static_shape(cur) != s4:
             return None
         made = state.origin(cur)
         if made is not None and made.op == "Requantize":
@@ -69,7 +52,7 @@ def undo_round_trip(state, bb: relax.BlockBuilder, data):
             chain.append((made, params))
             cur = made.inputs[0]
             continue
-        value = _bound(bb, cur)
+        value = bound(bb.lookup_binding, cur)
         if is_call(value, "relax.add"):
             consts = [const_value(a) for a in value.args]
             side = 1 if consts[1] is not None else 0 if consts[0] is not None else None
@@ -80,11 +63,11 @@ def undo_round_trip(state, bb: relax.BlockBuilder, data):
             cur = value.args[1 - side]
             continue
         break
-    permuted = _bound(bb, value.args[0]) if is_call(value, "relax.reshape") else None
+    permuted = bound(bb.lookup_binding, value.args[0]) if is_call(value, "relax.reshape") else None
     if not is_call(permuted, "relax.permute_dims") or [int(a) for a in permuted.attrs.axes] != [0, 2, 1]:
         return None
     out = permuted.args[0]
-    if _shape(out) != [s4[0], s4[2] * s4[3], s4[1]]:
+    if static_shape(out) != [s4[0], s4[2] * s4[3], s4[1]]:
         return None
     for made, params in reversed(chain):
         if isinstance(made, str):  # the bias Add
@@ -99,7 +82,7 @@ def gather_as_slice(bb: relax.BlockBuilder, inputs: list, attr: dict):
     opaque (a data-dependent load), a slice is injective, so it can join the GEMM reading it (the class
     token before the head, :mod:`..prologue`). The same elements."""
     data, index = inputs[0], const_value(inputs[1])
-    shape = _shape(data) if isinstance(getattr(data, "ty", None), relax.TensorType) else None
+    shape = static_shape(data)
     if index is None or index.ndim != 0 or shape is None or const_value(data) is not None:
         return None
     axis = int(attr.get("axis", 0)) % len(shape)
@@ -112,22 +95,24 @@ def masked_scores(bb: relax.BlockBuilder, expr):
     """``(m, fill, s, mask_value)`` for ``expr = where(m [== mask_value], fill, astype(s, int32))`` with a
     constant ``fill`` and 8/16-bit scores ``s`` of the full shape (the attention mask rule's form), else
     None: :func:`.rows.shiftmax_masked` then reads ``s`` and the mask instead of the int32 result."""
-    where = _bound(bb, expr)
+    where = bound(bb.lookup_binding, expr)
     if not is_call(where, "relax.where") or const_value(where.args[1]) is None:
         return None
     cond, fill, wide = where.args
-    cast = _bound(bb, wide)
-    if not is_call(cast, "relax.astype") or str(cast.ty.dtype) != "int32" or _shape(cast) != _shape(where):
+    cast = bound(bb.lookup_binding, wide)
+    if not is_call(cast, "relax.astype") or dtype(cast) != "int32":
+        return None
+    if static_shape(cast) != static_shape(where):
         return None
     scores = cast.args[0]
-    if str(scores.ty.dtype) not in ("int8", "uint8", "int16", "uint16"):
+    if dtype(scores) not in ("int8", "uint8", "int16", "uint16"):
         return None
-    test = _bound(bb, cond)
+    test = bound(bb.lookup_binding, cond)
     if is_call(test, "relax.equal"):
         value = const_value(test.args[1])
         if value is not None and value.size == 1:
             return test.args[0], fill, scores, int(value.reshape(()))
-    return (cond, fill, scores, None) if str(cond.ty.dtype) == "bool" else None
+    return (cond, fill, scores, None) if dtype(cond) == "bool" else None
 
 
 #: single-tensor layout ops a split's input may come through, re-emitted per output by :func:`split_as_slices`
@@ -140,7 +125,7 @@ def split_as_slices(bb: relax.BlockBuilder, split):
     kernel per output writing every head's Q, K, V; as separate single-use chains, each joins the attention
     GEMM reading it (:mod:`..prologue`). The same elements."""
     data, axis, parts = split.args[0], int(split.attrs.axis), split.attrs.indices_or_sections
-    shape = _shape(data) if isinstance(getattr(data, "ty", None), relax.TensorType) else None
+    shape = static_shape(data)
     if shape is None:
         return None
     axis %= len(shape)
@@ -152,8 +137,8 @@ def split_as_slices(bb: relax.BlockBuilder, split):
     else:
         cuts = [0, *[int(c) for c in parts], shape[axis]]
     chain, base = [], data
-    while is_call(_bound(bb, base), _LAYOUT_OPS[0]) or is_call(_bound(bb, base), _LAYOUT_OPS[1]):
-        chain.append(_bound(bb, base))
+    while any(is_call(bound(bb.lookup_binding, base), op) for op in _LAYOUT_OPS):
+        chain.append(bound(bb.lookup_binding, base))
         base = chain[-1].args[0]
     outs = []
     for begin, end in zip(cuts[:-1], cuts[1:], strict=True):

@@ -165,12 +165,15 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
     length = int(sch.get(inner).extent)
     cuda = target.kind.name == "cuda"
-    if cuda:
-        max_threads = int(target.attrs.get("max_num_threads", 1024))
-        threads = _threads(length, max_threads)
-        sch.bind(row, "blockIdx.x")
-        _, tx = sch.split(inner, factors=[None, threads])
+    threads = _threads(length, int(target.attrs.get("max_num_threads", 1024))) if cuda else 1
+
+    def across_threads(loop):  # cuda: one split of the row for every stage, so each thread keeps its elements
+        _, tx = sch.split(loop, factors=[None, threads])
         sch.bind(tx, "threadIdx.x")
+
+    if cuda:
+        sch.bind(row, "blockIdx.x")
+        across_threads(inner)
     else:
         sch.parallel(row)
     for block in reversed(blocks[:-1]):
@@ -179,18 +182,13 @@ def schedule(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
             sch.compute_inline(block)
             continue
         sch.compute_at(block, row, preserve_unit_loops=True)
-        if _is_reduction(sch, block):
-            if cuda:
-                _, tx = sch.split(sch.get_loops(block)[-1], factors=[None, threads])
-                sch.bind(tx, "threadIdx.x")
-            sch.set_scope(block, 0, "local")
-        else:
-            sch.set_scope(block, 0, "local")
+        if cuda and _is_reduction(sch, block):
+            across_threads(sch.get_loops(block)[-1])
+        sch.set_scope(block, 0, "local")
     if tail is not None:  # after the row's outputs, split as they are: each thread sums what it stored
         sch.reverse_compute_at(tail, row, preserve_unit_loops=True)
         if cuda:
-            _, tx = sch.split(sch.get_loops(tail)[-1], factors=[None, threads])
-            sch.bind(tx, "threadIdx.x")
+            across_threads(sch.get_loops(tail)[-1])
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
