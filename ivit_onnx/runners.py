@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -45,6 +46,10 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
             out.graph.output.append(helper.make_empty_tensor_value_info(n))
             have.add(n)
     return out
+
+
+class _Retry(Exception):
+    """The library refused the uint8 GEMM forms: build the session again without them."""
 
 
 class Runner:
@@ -92,8 +97,12 @@ class OrtRunner(Runner):
             raise ValueError(f"unknown onnxruntime backend {backend!r}")
         self.name = backend
         self._sessions: dict[tuple, object] = {}
-        #: re-encode int8 GEMM operands as uint8 (exact; :mod:`ivit_onnx.u8_gemm`), default: library only
-        self.u8_gemm = backend == "library" if u8_gemm is None else u8_gemm
+        #: re-encode int8 GEMM operands as uint8 (exact; :mod:`ivit_onnx.u8_gemm`), default: the native
+        #: library only (its self-check proves them exact on this CPU; the extensions fallback has none)
+        from ivit_onnx.opset import native_kernels
+
+        self.u8_gemm = backend == "library" and native_kernels.available() if u8_gemm is None else u8_gemm
+        self.gemm_check = ""  # the library's self-check outcome (its session config entry ivit.gemm_check)
         self.recoded: set[str] = set()  # tensors the session holds re-encoded (decoded on the way out)
         self.recoded_producers: list[str] = []
         self.bias_fold = bias_fold  # library: fold GEMM bias Adds into Requantize (ivit_onnx.bias_fold)
@@ -116,34 +125,65 @@ class OrtRunner(Runner):
             from ivit_onnx.bias_fold import fold_bias
 
             model, self.bias_folds = fold_bias(model, keep=set(extra))
-        if self.patch_gemm:
-            from ivit_onnx.patch_gemm import patch_gemm
-
-            model, self.patch_gemms = patch_gemm(model)
         if self.chain_fold:
             from ivit_onnx.chain_fold import fold_chains
 
             model, self.chain_folds = fold_chains(model, keep=set(extra))
         return model
 
+    def _options(self):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        # validate runs several sessions in turn: idle workers spinning after a run would steal the
+        # cores of the next session (measured: FP32 DeiT-Tiny 105 ms with spinning, 68 ms without)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if self.name == "onnxruntime":
+            # a fake-quant model as it defines itself: Q/DQ in float, not onnxruntime's int8 QDQ fusion (whose
+            # uint8 x int8 kernels saturate on x86 CPUs without VNNI)
+            opts.add_session_config_entry("session.disable_quant_qdq", "1")
+        if self.threads:
+            opts.intra_op_num_threads = self.threads
+            opts.inter_op_num_threads = 1
+        return opts
+
+    def _register(self, opts, model: onnx.ModelProto) -> onnx.ModelProto:
+        """Register the library, whose GEMM self-check may refuse the uint8 forms on this CPU: then warn once
+        and fall back to the int8 GEMMs as converted (exact, slower)."""
+        from ivit_onnx.opset import native_kernels, ort_library
+
+        native_kernels.set_threads(self.threads)  # the fallback's kernels (the library: ORT's pool)
+        if not self.u8_gemm:
+            opts.add_session_config_entry(ort_library.INT8_GEMMS, "1")
+        try:
+            model = ort_library.register(opts, model)
+        except Exception as e:  # onnxruntime's Fail: the self-check's one line
+            if not self.u8_gemm or ort_library.INT8_GEMMS not in str(e):
+                raise
+            from ivit_onnx import cpu
+
+            print(f"ivit-onnx: warning: onnxruntime's uint8 GEMMs are not exact on {cpu.describe()}; running "
+                  "the int8 GEMMs as converted (exact, slower)", file=sys.stderr)
+            self.u8_gemm, self._run_model, self.recoded, self.recoded_producers = False, None, set(), []
+            self._sessions.clear()
+            raise _Retry() from e
+        if ort_library.native_library():
+            self.gemm_check = opts.get_session_config_entry(ort_library.CHECK)
+        return model
+
     def _session(self, extra: tuple[str, ...]):
         if extra not in self._sessions:
             import onnxruntime as ort
 
-            opts = ort.SessionOptions()
-            opts.log_severity_level = 3
-            # validate runs several sessions in turn: idle workers spinning after a run would steal the
-            # cores of the next session (measured: FP32 DeiT-Tiny 105 ms with spinning, 68 ms without)
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            if self.threads:
-                opts.intra_op_num_threads = self.threads
-                opts.inter_op_num_threads = 1
-            model = self.session_model(extra)
-            if self.name == "library":
-                from ivit_onnx.opset import native_kernels, ort_library
-
-                native_kernels.set_threads(self.threads)  # the fallback's kernels (the library: ORT's pool)
-                model = ort_library.register(opts, model)
+            for _ in range(2):
+                opts, model = self._options(), self.session_model(extra)
+                try:
+                    if self.name == "library":
+                        model = self._register(opts, model)
+                    break
+                except _Retry:
+                    continue
             if extra:
                 model = with_outputs(model, list(extra))
             self._sessions[extra] = ort.InferenceSession(model.SerializeToString(), opts,
@@ -153,10 +193,14 @@ class OrtRunner(Runner):
     def _prepared(self) -> onnx.ModelProto:
         if self._run_model is None:
             self._run_model = self.model
+            if self.name == "library" and self.patch_gemm:  # before the re-encoding: its GEMM takes uint8 A
+                from ivit_onnx.patch_gemm import patch_gemm
+
+                self._run_model, self.patch_gemms = patch_gemm(self.model)
             if self.u8_gemm:
                 from ivit_onnx.u8_gemm import recode
 
-                done = recode(self.model)
+                done = recode(self._run_model)
                 self._run_model, self.recoded = done.model, done.tensors
                 self.recoded_producers = done.producers
         return self._run_model
@@ -174,6 +218,7 @@ class OrtRunner(Runner):
                    "numpy reference kernels in onnxruntime-extensions (the native library was not built)")
         gemm = (f"{len(self.recoded_producers)} int8 GEMM operand producers re-encoded as uint8 (exact)"
                 if self.u8_gemm else "int8 GEMMs as converted")
+        gemm += f"; GEMM self-check: {self.gemm_check}" if self.gemm_check else ""
         folds = f"; {self.bias_folds} GEMM bias Adds folded into Requantize" if self.bias_folds else ""
         folds += f"; {self.patch_gemms} patch ConvInteger as MatMulInteger" if self.patch_gemms else ""
         folds += f"; {self.chain_folds} Requantize chains as table lookups" if self.chain_folds else ""

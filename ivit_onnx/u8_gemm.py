@@ -1,15 +1,20 @@
 """Re-encode int8 GEMM operands as uint8 with zero point +128, exactly, for onnxruntime's fast u8 GEMM.
 
-onnxruntime's MatMulInteger/ConvInteger are several times faster with uint8 activations than with int8 x
-int8 (onnxruntime 1.31: ~10x for DeiT's shapes on AVX-512). The integer graph keeps int8 (what TVM's int8
-tensor cores want), so the ORT runner applies this at session time: a producer of an int8 tensor (one of the
-private ops, or QuantizeLinear) writes ``u = i + 128`` as uint8 instead -- its zero point and clip
-bounds move by 128, which is exact -- and every consumer gets the zero point moved by 128 too, so the
-int32 accumulators, and everything after them, are bit-identical. A producer is re-encoded only when
-each path from it (through layout ops) ends in an input with a zero point (MatMulInteger, ConvInteger,
-Requantize, IAdd) or a Shape, and at least one in a GEMM. A producer that also feeds a GEMM's B operand (an
-activation: attention's K and V) stays int8, which is onnxruntime's fast B type; a GEMM reading it as A
-gets a uint8 copy instead (``Requantize`` by 1 into zero point 128: exact, one cheap pass).
+onnxruntime's MatMulInteger is several times faster with uint8 activations than with int8 x int8
+(onnxruntime 1.31: ~10x for DeiT's shapes on AVX-512). The integer graph keeps int8 (what TVM's int8
+tensor cores want), so the onnxruntime engine applies this at session time: a producer of an int8 tensor
+(one of the private ops, or QuantizeLinear) writes ``u = i + 128`` as uint8 instead -- its zero point and
+clip bounds move by 128, which is exact -- and every consumer gets the zero point moved by 128 too, so the
+int32 accumulators, and everything after them, are bit-identical. A producer is re-encoded only when each
+path from it (through layout ops) ends in an input with a zero point (MatMulInteger, Requantize, IAdd) or a
+Shape, and at least one in a MatMulInteger.
+
+The GEMMs this leaves are the two forms the library's self-check proves exact on the CPU at hand
+(``opset/gemm_probe.py``): uint8 x constant int8 weights, and uint8 x uint8 where both operands are
+activations. Attention's K and V become uint8 too: onnxruntime's uint8 x int8 kernel saturates on x86 CPUs
+without VNNI, and only constant weights can be moved to its exact uint8 x uint8 kernel there (by
+``session.x64quantprecision``). ConvInteger keeps its int8 operands, which that conversion does not cover;
+the patch embedding reaches this as a MatMulInteger (:mod:`ivit_onnx.patch_gemm` runs first).
 :func:`decode` maps a re-encoded tensor back.
 """
 
@@ -19,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from ivit_onnx.graph import input_uses
 from ivit_onnx.opset import DOMAIN
@@ -28,9 +33,9 @@ from ivit_onnx.opset import DOMAIN
 LAYOUT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Split", "Gather", "Slice", "Flatten", "Identity",
           "Expand"}
 #: (op_type, input index) -> index of that input's zero point
-ZERO_POINT_OF = {("MatMulInteger", 0): 2, ("MatMulInteger", 1): 3, ("ConvInteger", 0): 2,
-                 ("ConvInteger", 1): 3, ("Requantize", 0): 1, ("IAdd", 0): 2, ("IAdd", 1): 3}
-GEMMS = {"MatMulInteger", "ConvInteger"}
+ZERO_POINT_OF = {("MatMulInteger", 0): 2, ("MatMulInteger", 1): 3, ("Requantize", 0): 1, ("IAdd", 0): 2,
+                 ("IAdd", 1): 3}
+GEMMS = {"MatMulInteger"}
 #: producers whose output type is the type of their zero point (input index), and their clip attributes
 PRODUCERS = {"Requantize": 4, "IAdd": 7, "ShiftGELU": 3, "ILayerNorm": 4, "Shiftmax": 1, "QuantizeLinear": 2}
 
@@ -81,21 +86,24 @@ def _family(start: str, consumers: dict, outputs: set[str]):
     return tensors, edges
 
 
-def _uint8_copy(g: onnx.GraphProto, gemm: onnx.NodeProto, const, int8_scalar) -> None:
-    """Feed ``gemm`` ``a + 128`` as uint8 (a Requantize by 1 into zero point 128) instead of int8 ``a``."""
-    za = int8_scalar(gemm.input[2]) if len(gemm.input) > 2 and gemm.input[2] else 0
-    if za is None:
-        return
-    tag = f"{gemm.output[0]}_a_uint8"  # unique: one per GEMM
-    params = [numpy_helper.from_array(np.array(0, np.int8), f"{tag}_zero")]
-    params += [numpy_helper.from_array(np.array(v, np.int64), f"{tag}_{k}") for k, v in (("b", 1), ("c", 0))]
-    g.initializer.extend(params)
-    copy = helper.make_node("Requantize", [gemm.input[0], *(p.name for p in params), const(128)], [tag],
-                            name=tag, domain=DOMAIN, qmin=0, qmax=255)
-    while len(gemm.input) < 3:
-        gemm.input.append("")
-    gemm.input[0], gemm.input[2] = copy.output[0], const(za + 128)
-    g.node.insert(list(g.node).index(gemm), copy)
+def _pair_activation_operands(found: dict, inits: dict) -> None:
+    """Drop producers until every GEMM of two activations has both operands re-encoded or neither: uint8 x
+    int8 activations is the form that saturates without VNNI, and int8 x uint8 has no onnxruntime kernel."""
+    changed = True
+    while changed:
+        changed = False
+        side: dict[int, dict[int, int]] = {}  # id(gemm) -> operand index -> producer position
+        gemms = {}
+        for at, (_, _, _, _, edges) in found.items():
+            for n, i in edges:
+                if n.op_type in GEMMS:
+                    side.setdefault(id(n), {})[i] = at
+                    gemms[id(n)] = n
+        for key, ops in side.items():
+            if gemms[key].input[1] not in inits and len(ops) == 1:
+                del found[next(iter(ops.values()))]
+                changed = True
+                break
 
 
 def recode(model: onnx.ModelProto) -> Recoded:
@@ -121,8 +129,8 @@ def recode(model: onnx.ModelProto) -> Recoded:
         v = numpy_helper.to_array(t)
         return int(v.reshape(-1)[0]) if v.size == 1 else None
 
-    a_operands: list[onnx.NodeProto] = []  # GEMMs whose int8 A operand gets a uint8 copy
-    for node in list(g.node):
+    found: dict[int, tuple[onnx.NodeProto, int, int, set[str], list]] = {}  # eligible producers, by position
+    for at, node in enumerate(g.node):
         op = _op(node)
         zp_at = PRODUCERS.get(op or "")
         if zp_at is None or len(node.input) <= zp_at or len(node.output) != 1:
@@ -130,29 +138,28 @@ def recode(model: onnx.ModelProto) -> Recoded:
         if any(a.name == "output_dtype" for a in node.attribute):
             continue  # QuantizeLinear-21 typed by attribute: leave it
         zy = int8_scalar(node.input[zp_at])
-        found = _family(node.output[0], consumers, outputs) if zy is not None else None
-        if not found or not any(n.op_type in GEMMS for n, _ in found[1]):
+        family = _family(node.output[0], consumers, outputs) if zy is not None else None
+        if not family or not any(n.op_type in GEMMS for n, _ in family[1]):
             continue
-        tensors, edges = found
-        if any(n.op_type in GEMMS and i == 1 for n, i in edges):
-            a_operands += [n for n, i in edges if n.op_type in GEMMS and i == 0]
-            continue  # an activation B operand (attention): int8 is the fast one there
-        zps = [(n, ZERO_POINT_OF[(n.op_type, i)]) for n, i in edges]
-        if any(len(n.input) > z and n.input[z] and int8_scalar(n.input[z]) is None for n, z in zps):
+        tensors, edges = family
+        if any(len(n.input) > ZERO_POINT_OF[(n.op_type, i)] and n.input[ZERO_POINT_OF[(n.op_type, i)]]
+               and int8_scalar(n.input[ZERO_POINT_OF[(n.op_type, i)]]) is None for n, i in edges):
             continue  # a consumer zero point we cannot move (not a scalar int8 constant)
+        found[at] = (node, zp_at, zy, tensors, edges)
+    _pair_activation_operands(found, inits)
+    for node, zp_at, zy, tensors, edges in found.values():
         node.input[zp_at] = const(zy + 128)
         for a in node.attribute:
             if a.name in ("qmin", "qmax"):
                 a.i += 128
-        for n, z in zps:
+        for n, i in edges:
+            z = ZERO_POINT_OF[(n.op_type, i)]
             old = int8_scalar(n.input[z]) if len(n.input) > z and n.input[z] else 0
             while len(n.input) <= z:
                 n.input.append("")
             n.input[z] = const(old + 128)
         result.tensors |= tensors
         result.producers.append(node.name or node.output[0])
-    for gemm in a_operands:
-        _uint8_copy(g, gemm, const, int8_scalar)
     keep = [v for v in g.value_info if v.name not in result.tensors]
     del g.value_info[:]
     g.value_info.extend(keep)

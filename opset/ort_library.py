@@ -24,6 +24,10 @@ from . import OPS, native_kernels
 from ._spec import DOMAIN
 
 CONTRIB = "ai.onnx.contrib"
+#: session config entries of the native library's GEMM self-check (``native/gemm_check.cpp``): "1" before
+#: registering when the model runs int8 x int8 GEMMs (the fallback); the outcome, read after registering
+INT8_GEMMS = "ivit.int8_gemms"
+CHECK = "ivit.gemm_check"
 _registered: set[str] = set()
 _hooked = False
 

@@ -30,6 +30,9 @@ struct Value;
 struct TypeInfo;
 struct TensorInfo;  // OrtTensorTypeAndShapeInfo
 struct ShapeInferContext;
+struct Env;  // used by the GEMM self-check (gemm_check.cpp), which runs a probe session
+struct Session;
+struct MemoryInfo;
 
 enum ErrorCode : int { OK = 0, FAIL = 1, INVALID_ARGUMENT = 2 };
 
@@ -49,24 +52,44 @@ struct ApiBase {  // OrtApiBase: two function pointers, never versioned
 enum Slot : int {
   CreateStatus = 0,                   // Status*(ErrorCode, const char* msg)
   GetErrorMessage = 2,                // const char*(const Status*)
+  CreateEnv = 3,                      // Status*(int log_level, const char* logid, Env** out): the existing env, if any
+  CreateSessionFromArray = 8,         // Status*(const Env*, const void* data, size_t len, const SessionOptions*, Session**)
+  Run = 9,                            // Status*(Session*, const void* run_options, const char* const* in_names,
+                                      //         const Value* const* inputs, size_t n_in, const char* const* out_names,
+                                      //         size_t n_out, Value** outputs)
+  SetOptimizedModelFilePath = 11,     // Status*(SessionOptions*, const char* path)  (ORTCHAR_T: wchar_t on Windows)
+  CloneSessionOptions = 12,           // Status*(const SessionOptions*, SessionOptions** out)
+  DisableProfiling = 15,              // Status*(SessionOptions*)
+  SetIntraOpNumThreads = 24,          // Status*(SessionOptions*, int)
   CreateCustomOpDomain = 26,          // Status*(const char* domain, CustomOpDomain** out)
   CustomOpDomain_Add = 27,            // Status*(CustomOpDomain*, const CustomOp*)
   AddCustomOpDomain = 28,             // Status*(SessionOptions*, CustomOpDomain*)
+  CreateTensorWithDataAsOrtValue = 49, // Status*(const MemoryInfo*, void* data, size_t bytes, const int64_t* shape,
+                                       //         size_t rank, ElemType, Value** out)
   GetTensorMutableData = 51,          // Status*(Value*, void** out)
   CastTypeInfoToTensorInfo = 55,      // Status*(const TypeInfo*, const TensorInfo** out)
   GetTensorElementType = 60,          // Status*(const TensorInfo*, ElemType* out)
   GetDimensionsCount = 61,            // Status*(const TensorInfo*, size_t* out)
   GetDimensions = 62,                 // Status*(const TensorInfo*, int64_t* dims, size_t count)
   GetTensorTypeAndShape = 65,         // Status*(const Value*, TensorInfo** out)
+  CreateCpuMemoryInfo = 69,           // Status*(int allocator_type, int mem_type, MemoryInfo** out)
   KernelInfoGetAttribute_int64 = 86,  // Status*(const KernelInfo*, const char* name, int64_t* out)
   KernelContext_GetInputCount = 88,   // Status*(const KernelContext*, size_t* out)
   KernelContext_GetInput = 90,        // Status*(const KernelContext*, size_t index, const Value** out)
   KernelContext_GetOutput = 91,       // Status*(KernelContext*, size_t index, const int64_t* dims, size_t count, Value** out)
+  ReleaseEnv = 92,                    // void(Env*)
   ReleaseStatus = 93,                 // void(Status*)
+  ReleaseMemoryInfo = 94,             // void(MemoryInfo*)
+  ReleaseSession = 95,                // void(Session*)
+  ReleaseValue = 96,                  // void(Value*)
   ReleaseTypeInfo = 98,               // void(TypeInfo*)
   ReleaseTensorTypeAndShapeInfo = 99, // void(TensorInfo*)
+  ReleaseSessionOptions = 100,        // void(SessionOptions*)
+  AddSessionConfigEntry = 130,        // Status*(SessionOptions*, const char* key, const char* value)  (version 5)
   KernelInfo_GetInputCount = 230,     // Status*(const KernelInfo*, size_t* out)            (version 14)
   KernelInfo_GetInputTypeInfo = 234,  // Status*(const KernelInfo*, size_t index, TypeInfo** out)
+  HasSessionConfigEntry = 237,        // Status*(const SessionOptions*, const char* key, int* out)   (version 14)
+  GetSessionConfigEntry = 238,        // Status*(const SessionOptions*, const char* key, char* out, size_t* size)
   KernelInfo_GetNodeName = 244,       // Status*(const KernelInfo*, char* out, size_t* size) (version 15)
   KernelContext_ParallelFor = 274,    // (version 17) Status*(const KernelContext*, void (*fn)(void*, size_t), size_t total,
                                       //         size_t num_batch, void* data)

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "gemm_check.h"
 #include "intmath.h"
 #include "kernels.h"
 #include "ort_abi.h"
@@ -597,8 +598,8 @@ IvitOp* ops() {
 
 extern "C" {
 
-// The name every custom-op library exports: register the ai.ivit and ai.ivit.fused domains with the session
-// options.
+// The name every custom-op library exports: check onnxruntime's 8-bit GEMMs on this CPU (gemm_check.cpp), then
+// register the ai.ivit and ai.ivit.fused domains with the session options.
 __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::SessionOptions* options,
                                                                      const ort::ApiBase* base) {
   const ort::Api* table = base->GetApi(ort::API_VERSION);
@@ -621,6 +622,10 @@ __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::Sessi
   static std::mutex lock;
   std::lock_guard<std::mutex> guard(lock);
   g_api = table;
+  // An exact 8-bit GEMM path for this CPU with these options, proven by a probe session (gemm_check.cpp).
+  const std::string refused = ivit::check_gemms(table, options);
+  if (!refused.empty()) return table->fn<ort::Status*(ort::ErrorCode, const char*)>(ort::CreateStatus)(ort::FAIL,
+                                                                                                       refused.c_str());
   // Each domain once per session options, kept for the life of the process (sessions use them after this
   // returns).
   static std::vector<ort::CustomOpDomain*> domains;
