@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from ivit_onnx.graph import input_uses
 from ivit_onnx.opset import DOMAIN
@@ -86,24 +86,67 @@ def _family(start: str, consumers: dict, outputs: set[str]):
     return tensors, edges
 
 
-def _pair_activation_operands(found: dict, inits: dict) -> None:
-    """Drop producers until every GEMM of two activations has both operands re-encoded or neither: uint8 x
-    int8 activations is the form that saturates without VNNI, and int8 x uint8 has no onnxruntime kernel."""
-    changed = True
-    while changed:
-        changed = False
-        side: dict[int, dict[int, int]] = {}  # id(gemm) -> operand index -> producer position
-        gemms = {}
+def _uint8_copy(g: onnx.GraphProto, gemm: onnx.NodeProto, side: int, const, int8_scalar) -> None:
+    """Feed ``gemm`` operand ``side`` as ``x + 128`` in uint8 (a Requantize by 1 into zero point 128)
+    instead of int8 ``x``."""
+    at = ZERO_POINT_OF[("MatMulInteger", side)]
+    zx = int8_scalar(gemm.input[at]) if len(gemm.input) > at and gemm.input[at] else 0
+    if zx is None:
+        raise ValueError(f"MatMulInteger '{gemm.name}': uint8 x int8 activations with a zero point that is "
+                         "not a scalar int8 constant; run it with int8 GEMMs (u8_gemm off)")
+    tag = f"{gemm.output[0]}_{'ab'[side]}_uint8"  # unique: one per GEMM operand
+    params = [numpy_helper.from_array(np.array(0, np.int8), f"{tag}_zero")]
+    params += [numpy_helper.from_array(np.array(v, np.int64), f"{tag}_{k}") for k, v in (("b", 1), ("c", 0))]
+    g.initializer.extend(params)
+    copy = helper.make_node("Requantize", [gemm.input[side], *(p.name for p in params), const(128)], [tag],
+                            name=tag, domain=DOMAIN, qmin=0, qmax=255)
+    while len(gemm.input) <= at:
+        gemm.input.append("")
+    gemm.input[side], gemm.input[at] = copy.output[0], const(zx + 128)
+    g.node.insert(list(g.node).index(gemm), copy)
+
+
+def _pair_activation_operands(model: onnx.ModelProto, found: dict, inits: dict) -> list[tuple]:
+    """Make every GEMM of two activations uint8 x uint8 or int8 x int8: uint8 x int8 activations is the form
+    that saturates without VNNI (no session option moves it), and int8 x uint8 has no onnxruntime kernel.
+
+    A GEMM whose int8 side cannot be re-encoded drops its other side's producer from ``found`` when that was
+    ours, else (natively uint8, like Shiftmax's probabilities) gets a uint8 copy of the int8 side: the
+    ``(gemm, side)`` pairs returned."""
+    g = model.graph
+    native_u8 = _uint8_tensors(model)
+    while True:
+        ours: dict[int, dict[int, int]] = {}  # id(gemm) -> operand index -> producer position
         for at, (_, _, _, _, edges) in found.items():
             for n, i in edges:
                 if n.op_type in GEMMS:
-                    side.setdefault(id(n), {})[i] = at
-                    gemms[id(n)] = n
-        for key, ops in side.items():
-            if gemms[key].input[1] not in inits and len(ops) == 1:
-                del found[next(iter(ops.values()))]
-                changed = True
+                    ours.setdefault(id(n), {})[i] = at
+        copies, dropped = [], False
+        for n in g.node:
+            if n.op_type not in GEMMS or n.input[1] in inits:
+                continue
+            mine = ours.get(id(n), {})
+            u8 = [i in mine or n.input[i] in native_u8 for i in (0, 1)]
+            if u8[0] == u8[1]:
+                continue
+            side = u8.index(True)
+            if side in mine:
+                del found[mine[side]]
+                dropped = True
                 break
+            copies.append((n, 1 - side))
+        if not dropped:
+            return copies
+
+
+def _uint8_tensors(model: onnx.ModelProto) -> set[str]:
+    """Tensors the model itself types uint8 (ONNX shape inference, through its private ops' functions)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # no types known: nothing counts as natively uint8, so nothing gets a copy
+        return set()
+    values = [*inferred.value_info, *inferred.input, *inferred.output]
+    return {v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.UINT8}
 
 
 def recode(model: onnx.ModelProto) -> Recoded:
@@ -146,7 +189,7 @@ def recode(model: onnx.ModelProto) -> Recoded:
                and int8_scalar(n.input[ZERO_POINT_OF[(n.op_type, i)]]) is None for n, i in edges):
             continue  # a consumer zero point we cannot move (not a scalar int8 constant)
         found[at] = (node, zp_at, zy, tensors, edges)
-    _pair_activation_operands(found, inits)
+    copies = _pair_activation_operands(out, found, inits)
     for node, zp_at, zy, tensors, edges in found.values():
         node.input[zp_at] = const(zy + 128)
         for a in node.attribute:
@@ -160,6 +203,8 @@ def recode(model: onnx.ModelProto) -> Recoded:
             n.input[z] = const(old + 128)
         result.tensors |= tensors
         result.producers.append(node.name or node.output[0])
+    for gemm, side in copies:
+        _uint8_copy(g, gemm, side, const, int8_scalar)
     keep = [v for v in g.value_info if v.name not in result.tensors]
     del g.value_info[:]
     g.value_info.extend(keep)

@@ -5,7 +5,8 @@
   hypothesis (per-tensor and per-channel heads, 8- and 16-bit intermediates, increasing and decreasing
   tables, constant rows), the library's output equal to the reference evaluator's on the unfolded graph;
   what it must leave alone; the refusal of a table of the wrong size.
-* :mod:`ivit_onnx.u8_gemm` with an activation B operand (attention): B stays int8, A gets a uint8 copy.
+* :mod:`ivit_onnx.u8_gemm` with an activation B operand (attention): both operands uint8 (uint8 x int8
+  activations saturate without VNNI), or neither when one of them cannot be re-encoded.
 * The C++ integer square root ILayerNorm uses equals ``math.isqrt`` on edge values.
 """
 
@@ -179,21 +180,37 @@ def attention_model():
     return attach_functions(model)
 
 
-def test_activation_b_operand_stays_int8_and_a_gets_a_uint8_copy():
+def test_activation_operands_become_uint8_x_uint8():
     from ivit_onnx.u8_gemm import recode
 
     model = attention_model()
     done = recode(model)
     g = done.model.graph
     mm = next(n for n in g.node if n.op_type == "MatMulInteger")
-    assert not done.tensors and mm.input[1] == "tt" and mm.input[0] != "t"
-    copy = next(n for n in g.node if n.output[0] == mm.input[0])
-    assert copy.op_type == "Requantize" and [n.name for n in g.node].index(copy.name) < list(g.node).index(mm)
+    assert done.tensors == {"t", "tt"} and list(mm.input[:2]) == ["t", "tt"]
+    types = {t.name: t.data_type for t in g.initializer}
+    assert types[mm.input[2]] == types[mm.input[3]] == TensorProto.UINT8
     feeds = {"x": np.random.default_rng(4).integers(-128, 128, (2, 5, 4)).astype(np.int8)}
     want = evaluator(model).run(None, feeds)[0]
     assert np.array_equal(session(done.model, "library").run(None, feeds)[0], want)
-    types = {t.name: t.data_type for t in g.initializer}
-    assert types[copy.input[4]] == TensorProto.UINT8 and types[mm.input[2]] == TensorProto.UINT8
+
+
+def test_activation_operands_stay_int8_when_one_cannot_move():
+    """B's producer also feeds a graph output (it must stay int8), so A stays int8 too."""
+    from ivit_onnx.u8_gemm import recode
+
+    model = attention_model()
+    g = model.graph
+    g.node.insert(1, OPS["Requantize"].make_node(["x", "z", "b", "c", "z8"], ["t2"], name="rq2", qmin=-128,
+                                                 qmax=127))
+    next(n for n in g.node if n.op_type == "Transpose").input[0] = "t2"
+    g.output.append(helper.make_tensor_value_info("t2", TensorProto.INT8, None))
+    done = recode(model)
+    assert not done.tensors
+    feeds = {"x": np.random.default_rng(5).integers(-128, 128, (2, 5, 4)).astype(np.int8)}
+    want = evaluator(model).run(None, feeds)
+    got = session(done.model, "library").run(None, feeds)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 # ----------------------------------------------------------------------------------------- isqrt
