@@ -1,20 +1,25 @@
 """Validation throughput of the integer model (custom-op library, function bodies) vs stock onnxruntime FP32.
 
     python benchmarks/bench_validate.py [--model deit_tiny,deit_small] [--out DIR] [--batch 8] [--threads 2]
-                                        [--iters 10] [--steps] [--bodies-once] [--profile]
+                                        [--iters 10] [--warmup 2] [--steps] [--bodies-once] [--profile]
+                                        [--json FILE]
 
 DeiT-Tiny and DeiT-Small (``--model``; Base, Swin-T too) at 224², random weights: FP32, fake-quant and integer
 models are built once and cached in ``--out`` (default: ``$TMPDIR/ivit_bench_validate``). Every backend
 runs the same random batch through :mod:`ivit_onnx.runners` (the code ``python -m ivit_onnx.validate`` uses),
 interleaved round by round so all are measured side by side; the median time per batch gives images/s
-and the ratio to FP32. ``--profile`` adds onnxruntime's per-op-type profile of each model (time share by
-op type; nodes of function bodies are attributed to the private op that called them). The library
+and the ratio to FP32 (p90 too). ``--profile`` adds onnxruntime's per-op-type profile of each model (time
+share by op type; nodes of function bodies are attributed to the private op that called them). The library
 backend is the fast path: the native custom-op library (``opset/native``), GEMM operands re-encoded as
 uint8 (:mod:`ivit_onnx.u8_gemm`), GEMM bias Adds folded into Requantize (:mod:`ivit_onnx.bias_fold`),
 the patch embedding as a GEMM (:mod:`ivit_onnx.patch_gemm`) and Requantize chains as table lookups
 (:mod:`ivit_onnx.chain_fold`);
 ``--steps`` times it without each rewrite. The function bodies run the graph as converted. Both must give
-the same bits (exit status 1 if not). The first line names the CPU.
+the same bits (exit status 1 if not; the line ``exact: library == function bodies: yes|no``). Peers: OpenVINO
+FP32 on the FP32 model and OpenVINO on the fake-quant QDQ model (its int8 path), with the same thread count,
+when the ``openvino`` package is installed (else a one-line note). Timing, statistics (median, p90,
+images/s, ratio to FP32) and the device line (:func:`ivit_onnx.cpu.describe`) come from
+:mod:`ivit_onnx.bench`, the engine ``ivit-onnx bench`` uses; ``--json FILE`` writes every model's results.
 """
 
 from __future__ import annotations
@@ -22,10 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -34,7 +37,7 @@ import onnx
 import onnxruntime as ort
 from onnx import inliner
 
-from ivit_onnx import rewrite
+from ivit_onnx import bench, cpu, rewrite
 from ivit_onnx.opset import OPS
 from ivit_onnx.runners import OrtRunner
 
@@ -65,6 +68,7 @@ def build(out: Path, name: str = "deit_tiny") -> dict[str, Path]:
     return paths
 
 
+FP32 = "fp32 (onnxruntime)"
 LIBRARY = "int: custom-op library"
 BODIES = "int: function bodies"
 
@@ -72,7 +76,7 @@ BODIES = "int: function bodies"
 def runners(paths: dict[str, Path], threads: int, steps: bool = False, bodies: bool = True) -> dict:
     """The runners, by label; ``steps`` adds the library without each session-time step (what each buys)."""
     fp32, fq, integer = (onnx.load(paths[k]) for k in ("fp32", "fq", "int"))
-    out = {"fp32 (onnxruntime)": OrtRunner(fp32, "onnxruntime", threads),
+    out = {FP32: OrtRunner(fp32, "onnxruntime", threads),
            "fake-quant QDQ (onnxruntime)": OrtRunner(fq, "onnxruntime", threads),
            LIBRARY: OrtRunner(integer, "library", threads)}
     if steps:  # each row drops one more session-time rewrite
@@ -85,29 +89,19 @@ def runners(paths: dict[str, Path], threads: int, steps: bool = False, bodies: b
             out[label] = OrtRunner(integer, "library", threads, **off)
     if bodies:
         out[BODIES] = OrtRunner(integer, "functions", threads)
-    for r in out.values():
-        r.prepare()
-    return out
+    return out  # ivit_onnx.bench prepares them (untimed)
+
+
+def peers(paths: dict[str, Path], threads: int, feeds: dict) -> dict:
+    """OpenVINO FP32 on the FP32 model and OpenVINO on the fake-quant QDQ model (its int8 path); each is
+    skipped with a note by :func:`ivit_onnx.bench.bench` when openvino is missing or refuses the model."""
+    return {"fp32 (openvino)": bench.openvino_peer(paths["fp32"], threads, feeds),
+            "fake-quant QDQ (openvino int8)": bench.openvino_peer(paths["fq"], threads, feeds, int8=True)}
 
 
 def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-def measure(rs: dict, x: np.ndarray, iters: int, warmup: int = 2) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {k: [] for k in rs}
-    for i in range(warmup + iters):
-        for name, r in rs.items():  # interleaved: every backend sees the same machine state
-            t = time.perf_counter()
-            r.run({"input": x})
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t)
-    return times
+    """The CPU, as every benchmark names it (:func:`ivit_onnx.cpu.describe`: model and 8-bit GEMM ISA)."""
+    return cpu.describe()
 
 
 def named_inline(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
@@ -169,12 +163,15 @@ def main(argv=None) -> int:
                          "(default: deit_tiny,deit_small)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=10, help="timed rounds (default 10)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
     ap.add_argument("--steps", action="store_true",
                     help="also time the library without each session-time rewrite, one more per row")
     ap.add_argument("--bodies-once", action="store_true",
                     help="run the function bodies once, for the bit-exactness check only (they are slow)")
     ap.add_argument("--profile", action="store_true", help="also print the per-op-type profile")
+    ap.add_argument("--no-peers", action="store_true", help="do not time the OpenVINO peers")
+    ap.add_argument("--json", metavar="FILE", help="also write every model's results here")
     args = ap.parse_args(argv)
     models = args.model.split(",")
     bad = [m for m in models if m not in ("deit_tiny", "deit_small", "deit_base", "swin_tiny")]
@@ -182,32 +179,37 @@ def main(argv=None) -> int:
         ap.error(f"unknown model(s) {bad}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores visible)")
-    ok = True
+    print(bench.device_line(bench.device(args.threads)))
+    ok, results = True, {}
     for name in models:
-        ok = run_model(args, name, build(out, name)) and ok
+        report = run_model(args, name, build(out, name))
+        ok = report.all_exact and ok
+        results[name] = report.to_dict()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0 if ok else 1
 
 
-def run_model(args, name: str, paths: dict[str, Path]) -> bool:
-    """Time, check and (optionally) profile one model; whether the library matched the function bodies."""
+def run_model(args, name: str, paths: dict[str, Path]) -> bench.Report:
+    """Time, check and (optionally) profile one model; its report says whether the library matched the
+    function bodies (``report.all_exact``)."""
     x = np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224)).astype(np.float32)
+    feeds = {"input": x}
     rs = runners(paths, args.threads, steps=args.steps, bodies=not args.bodies_once)
-    times = measure(rs, x, args.iters)
-    base = statistics.median(times["fp32 (onnxruntime)"])
-    print(f"\n{name} 224², batch {args.batch}, {args.threads} threads, median of {args.iters} "
-          f"(onnxruntime {ort.__version__})")
-    print(f"{'backend':36s} {'ms/batch':>9s} {'images/s':>9s} {'x FP32 time':>11s}")
-    for label, ts in times.items():
-        med = statistics.median(ts)
-        print(f"{label:36s} {1000 * med:9.1f} {args.batch / med:9.1f} {med / base:11.2f}")
-    ratio = statistics.median(times[LIBRARY]) / base
+    candidates = dict(rs)
+    if not args.no_peers:
+        candidates.update(peers(paths, args.threads, feeds))
+    title = f"\n{name} 224², batch {args.batch}, {args.threads} threads"
+    report = bench.bench(candidates, feeds=feeds, batch=args.batch, iters=args.iters, warmup=args.warmup,
+                         baseline=FP32, threads=args.threads, title=title)
+    bodies = rs[BODIES] if BODIES in rs else OrtRunner(onnx.load(paths["int"]), "functions", args.threads)
+    names = rs[LIBRARY].output_names
+    report.exact["library"] = bench.same_bits(bench.as_list(rs[LIBRARY].run(feeds), names),
+                                              bench.as_list(bodies.run(feeds), names))
+    print(report.text(device=False))
+    ratio = report.row(LIBRARY).ratio
     verdict = "met" if ratio <= 0.67 else "MISSED"
     print(f"{name}: custom-op library / FP32 time = {ratio:.2f} (#15 goal <= 0.67: {verdict})")
-    bodies = rs[BODIES] if BODIES in rs else OrtRunner(onnx.load(paths["int"]), "functions", args.threads)
-    outs = [rs[LIBRARY].run({"input": x}), bodies.run({"input": x})]
-    same = all(np.array_equal(a, b) for a, b in zip(*(o.values() for o in outs), strict=True))
-    print(f"library and function-body outputs bit-identical: {same}")
     print(f"library: {rs[LIBRARY].describe()}")
     if args.profile:
         integer = onnx.load(paths["int"])
@@ -224,7 +226,7 @@ def run_model(args, name: str, paths: dict[str, Path]) -> bool:
                 print(f"  inside the bodies ({body:.1f} ms), by standard op:")
                 for op, ms in list(prof["body_ops"].items())[:10]:
                     print(f"    {op:32s} {ms:9.2f} ms {100 * ms / total:5.1f}%")
-    return same
+    return report
 
 
 if __name__ == "__main__":

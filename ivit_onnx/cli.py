@@ -42,6 +42,17 @@ COMMANDS = {
             "output's type, shape and mean, and optionally save the outputs as .npz."
         ),
     ),
+    "bench": (
+        "time an integer model's engines against FP32 and int8 peers",
+        (
+            "Time the integer model on its engines (onnxruntime with the custom-op library; TVM llvm) "
+            "side by side with onnxruntime FP32 and OpenVINO FP32 on the float model (--fp32) and OpenVINO "
+            "on the fake-quant QDQ model (--fake-quant, its int8 path), interleaved round by round after "
+            "warm-up, on the same random batch; print median and p90 ms, samples/s and the time ratio to "
+            "onnxruntime FP32, under a line naming the CPU, and check each engine's outputs bit for bit "
+            "against the function bodies run by stock onnxruntime (exit 1 if they differ)."
+        ),
+    ),
 }
 
 
@@ -349,6 +360,49 @@ def _run_run(args) -> int:
     return 0
 
 
+def _int_at_least(low: int):
+    """An argparse type: an integer >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _add_bench(sub) -> None:
+    p = _subcommand(sub, "bench")
+    p.add_argument("model", help=f"integer-only .onnx (from 'ivit-onnx rewrite'), or '{ALIAS}' for the "
+                   "bundled digits model (converted on the fly)")
+    p.add_argument("--fp32", metavar="F.onnx", help=f"its FP32 model, for the onnxruntime FP32 baseline and "
+                   f"the OpenVINO FP32 peer ('{ALIAS}': the bundled one)")
+    p.add_argument("--fake-quant", metavar="F.onnx", help="its fake-quant QDQ model, for the OpenVINO int8 "
+                   f"peer ('{ALIAS}': the bundled one)")
+    p.add_argument("--engines", default="onnxruntime", metavar="LIST",
+                   help="comma list of onnxruntime (custom-op library), tvm (llvm build; needs the tvm "
+                   "extra; compile time reported apart) (default onnxruntime)")
+    p.add_argument("--batch", type=_int_at_least(1), default=8, metavar="N",
+                   help="batch size (the models' first input dimension) (default 8)")
+    p.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
+                   help="threads of every engine and peer (default: the physical cores)")
+    p.add_argument("--iters", type=_int_at_least(1), default=20, metavar="N",
+                   help="timed rounds (default 20)")
+    p.add_argument("--warmup", type=_int_at_least(0), default=2, metavar="N",
+                   help="untimed rounds first (default 2)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+
+def _run_bench(args) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(args)
+
+
 def _run_passes(_args) -> int:
     from .pipeline import Pipeline
 
@@ -366,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_rewrite(sub)
     _add_tvm(sub)
+    _add_bench(sub)
     sub.add_parser("passes", help="list the default pipeline's passes in order")
     sub.add_parser(
         "validate", help="check an integer model (same as python -m ivit_onnx.validate)", add_help=False
@@ -383,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def command() -> int:
         args = build_parser().parse_args(argv)
-        commands = {"rewrite": _run_rewrite, "passes": _run_passes, "compile": _run_compile, "run": _run_run}
+        commands = {"rewrite": _run_rewrite, "passes": _run_passes, "compile": _run_compile, "run": _run_run,
+                    "bench": _run_bench}
         return commands[args.command](args)
 
     return guarded(command)

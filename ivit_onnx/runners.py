@@ -48,6 +48,12 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return out
 
 
+def simulate_qdq(opts) -> None:
+    """Run a fake-quant model as it defines itself: its Q/DQ in float, not fused into onnxruntime's int8
+    kernels (whose uint8 x int8 GEMMs saturate on x86 CPUs without VNNI, and round differently)."""
+    opts.add_session_config_entry("session.disable_quant_qdq", "1")
+
+
 class _Retry(Exception):
     """The library refused the uint8 GEMM forms: build the session again without them."""
 
@@ -140,9 +146,7 @@ class OrtRunner(Runner):
         # cores of the next session (measured: FP32 DeiT-Tiny 105 ms with spinning, 68 ms without)
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if self.name == "onnxruntime":
-            # a fake-quant model as it defines itself: Q/DQ in float, not onnxruntime's int8 QDQ fusion (whose
-            # uint8 x int8 kernels saturate on x86 CPUs without VNNI)
-            opts.add_session_config_entry("session.disable_quant_qdq", "1")
+            simulate_qdq(opts)
         if self.threads:
             opts.intra_op_num_threads = self.threads
             opts.inter_op_num_threads = 1

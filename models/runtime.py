@@ -15,12 +15,17 @@ ORT_DISABLED_OPTIMIZERS = ["QDQPropagationTransformer"]
 
 
 def ort_session(model: str | Path | onnx.ModelProto):
-    """A CPU onnxruntime session that also loads opset-21 QDQ models (see ORT_DISABLED_OPTIMIZERS)."""
+    """A CPU onnxruntime session that also loads opset-21 QDQ models (see ORT_DISABLED_OPTIMIZERS) and runs a
+    fake-quant model's Q/DQ in float, as the model defines them, on every CPU (``runners.simulate_qdq``)."""
     import onnxruntime as ort
 
+    from ivit_onnx.runners import simulate_qdq
+
+    opts = ort.SessionOptions()
+    simulate_qdq(opts)
     data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     return ort.InferenceSession(
-        data, providers=["CPUExecutionProvider"], disabled_optimizers=ORT_DISABLED_OPTIMIZERS
+        data, opts, providers=["CPUExecutionProvider"], disabled_optimizers=ORT_DISABLED_OPTIMIZERS
     )
 
 
