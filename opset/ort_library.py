@@ -160,6 +160,10 @@ def session(model: onnx.ModelProto, backend: str = "functions", threads: int | N
         opts.intra_op_num_threads = threads
     if backend == "library":
         model = register(opts, model)
-    elif backend != "functions":
+    elif backend == "functions":
+        from ivit_onnx.runners import exact_weight_gemms
+
+        exact_weight_gemms(opts)
+    else:
         raise ValueError(f"backend must be 'functions' or 'library', got {backend!r}")
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
