@@ -6,8 +6,9 @@ What each session-time change of the library path buys, kernel by kernel, withou
 (one thread, so that sharing the cores with other jobs distorts it least):
 
 * each Requantize chain (after fc1, after Q·Kᵀ) as the three library nodes the converter writes vs the one
-  fused op :mod:`ivit_onnx.chain_fold` makes of them (outputs compared bit for bit);
-* the attention GEMMs (Q·Kᵀ, P·V) with the operand types before and after :mod:`ivit_onnx.u8_gemm` kept
+  fused op :mod:`ivit_onnx.engines.onnxruntime.chain_fold` makes of them (outputs compared bit for bit);
+* the attention GEMMs (Q·Kᵀ, P·V) with the operand types before and after
+  :mod:`ivit_onnx.engines.onnxruntime.u8_gemm` kept
   B operands int8: uint8 × uint8 vs uint8 × int8;
 * every private op of the block as the library runs it; ``--lib`` runs the same nodes on another build of
   the library too (e.g. an older commit's), side by side.
@@ -34,7 +35,7 @@ from onnx import helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_validate import build, cpu_model  # noqa: E402
 
-from ivit_onnx.chain_fold import fold_chains  # noqa: E402
+from ivit_onnx.engines.onnxruntime.chain_fold import fold_chains  # noqa: E402
 from ivit_onnx.opset import DOMAIN  # noqa: E402
 from ivit_onnx.opset.functions import attach_functions  # noqa: E402
 from ivit_onnx.opset.ort_library import native_library  # noqa: E402

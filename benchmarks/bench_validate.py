@@ -10,10 +10,9 @@ runs the same random batch through :mod:`ivit_onnx.runners` (the code ``python -
 interleaved round by round so all are measured side by side; the median time per batch gives images/s
 and the ratio to FP32 (p90 too). ``--profile`` adds onnxruntime's per-op-type profile of each model (time
 share by op type; nodes of function bodies are attributed to the private op that called them). The library
-backend is the fast path: the native custom-op library (``opset/native``), GEMM operands re-encoded as
-uint8 (:mod:`ivit_onnx.u8_gemm`), GEMM bias Adds folded into Requantize (:mod:`ivit_onnx.bias_fold`),
-the patch embedding as a GEMM (:mod:`ivit_onnx.patch_gemm`) and Requantize chains as table lookups
-(:mod:`ivit_onnx.chain_fold`);
+backend is the fast path: the native custom-op library (``opset/native``) on the onnxruntime engine's
+compiled model (:mod:`ivit_onnx.engines.onnxruntime`: GEMM operands re-encoded as uint8, GEMM bias Adds
+folded into Requantize, the patch embedding as a GEMM and Requantize chains as table lookups);
 ``--steps`` times it without each rewrite. The function bodies run the graph as converted. Both must give
 the same bits (exit status 1 if not; the line ``exact: library == function bodies: yes|no``). Peers: OpenVINO
 FP32 on the FP32 model and OpenVINO on the fake-quant QDQ model (its int8 path), with the same thread count,

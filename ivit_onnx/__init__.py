@@ -6,10 +6,12 @@ from .errors import ConversionError  # noqa: E402
 from .io import save_model  # noqa: E402
 from .pipeline import Context, Options, Pass, Pipeline, Report  # noqa: E402
 from .rewrite import rewrite  # noqa: E402
+from .session import InferenceSession  # noqa: E402
 
 __all__ = [
     "ConversionError",
     "Context",
+    "InferenceSession",
     "Options",
     "Pass",
     "Pipeline",

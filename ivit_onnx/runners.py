@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
@@ -60,10 +59,6 @@ def exact_weight_gemms(opts) -> None:
     opts.add_session_config_entry("session.x64quantprecision", "1")
 
 
-class _Retry(Exception):
-    """The library refused the uint8 GEMM forms: build the session again without them."""
-
-
 class Runner:
     """One backend for one model: ``run(feeds)`` gives the graph outputs, ``run_with`` intermediates too."""
 
@@ -99,7 +94,9 @@ class Runner:
 
 
 class OrtRunner(Runner):
-    """onnxruntime on the CPU; ``backend`` is ``library``, ``functions`` or ``onnxruntime`` (plain)."""
+    """onnxruntime on the CPU; ``backend`` is ``library`` (the onnxruntime engine's session: the custom-op
+    library on the compiled model, :mod:`ivit_onnx.engines.onnxruntime`), ``functions`` (stock onnxruntime on
+    the function bodies) or ``onnxruntime`` (plain, for the fake-quant and FP32 reference models)."""
 
     def __init__(self, model: onnx.ModelProto, backend: str = "onnxruntime", threads: int | None = None,
                  u8_gemm: bool | None = None, bias_fold: bool = True, patch_gemm: bool = True,
@@ -109,141 +106,57 @@ class OrtRunner(Runner):
             raise ValueError(f"unknown onnxruntime backend {backend!r}")
         self.name = backend
         self._sessions: dict[tuple, object] = {}
-        #: re-encode int8 GEMM operands as uint8 (exact; :mod:`ivit_onnx.u8_gemm`), default: the native
-        #: library only (its self-check proves them exact on this CPU; the extensions fallback has none)
-        from ivit_onnx.opset import native_kernels
+        #: the engine's compile step (library only): the uint8 re-encoding is on unless asked off
+        self.rewrites = {"u8_gemm": u8_gemm is not False, "bias_fold": bias_fold, "patch": patch_gemm,
+                         "chain_fold": chain_fold}
 
-        self.u8_gemm = backend == "library" and native_kernels.available() if u8_gemm is None else u8_gemm
-        self.gemm_check = ""  # the library's self-check outcome (its session config entry ivit.gemm_check)
-        self.recoded: set[str] = set()  # tensors the session holds re-encoded (decoded on the way out)
-        self.recoded_producers: list[str] = []
-        self.bias_fold = bias_fold  # library: fold GEMM bias Adds into Requantize (ivit_onnx.bias_fold)
-        self.bias_folds = 0  # how many it folded
-        self.patch_gemm = patch_gemm  # library: patch ConvInteger as MatMulInteger (ivit_onnx.patch_gemm)
-        self.patch_gemms = 0  # how many it rewrote
-        self.chain_fold = chain_fold  # library: Requantize + elementwise ops as one lookup (chain_fold)
-        self.chain_folds = 0  # how many it folded
-        self._run_model = None
+    @property
+    def engine(self):
+        """The library backend's main engine session (built on first use)."""
+        return self._session(())
 
-    def session_model(self, extra: tuple[str, ...] = ()) -> onnx.ModelProto:
-        """The model this runner's session loads: the library backend's session-time rewrites applied to it
-        where the native library runs it (``extra``: intermediates that must survive them)."""
-        model = self._prepared()
-        from ivit_onnx.opset import native_kernels
-
-        if self.name != "library" or not native_kernels.available():
-            return model
-        if self.bias_fold:
-            from ivit_onnx.bias_fold import fold_bias
-
-            model, self.bias_folds = fold_bias(model, keep=set(extra))
-        if self.chain_fold:
-            from ivit_onnx.chain_fold import fold_chains
-
-            model, self.chain_folds = fold_chains(model, keep=set(extra))
-        return model
-
-    def _options(self):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        # validate runs several sessions in turn: idle workers spinning after a run would steal the
-        # cores of the next session (measured: FP32 DeiT-Tiny 105 ms with spinning, 68 ms without)
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if self.name == "onnxruntime":
-            simulate_qdq(opts)
-        elif self.name == "functions":
-            exact_weight_gemms(opts)
-        if self.threads:
-            opts.intra_op_num_threads = self.threads
-            opts.inter_op_num_threads = 1
-        return opts
-
-    def _register(self, opts, model: onnx.ModelProto) -> onnx.ModelProto:
-        """Register the library, whose GEMM self-check may refuse the uint8 forms on this CPU: then warn once
-        and fall back to the int8 GEMMs as converted (exact, slower)."""
-        from ivit_onnx.opset import native_kernels, ort_library
-
-        native_kernels.set_threads(self.threads)  # the fallback's kernels (the library: ORT's pool)
-        if not self.u8_gemm:
-            opts.add_session_config_entry(ort_library.INT8_GEMMS, "1")
-        try:
-            model = ort_library.register(opts, model)
-        except Exception as e:  # onnxruntime's Fail: the self-check's one line
-            if not self.u8_gemm or ort_library.INT8_GEMMS not in str(e):
-                raise
-            from ivit_onnx import cpu
-
-            print(f"ivit-onnx: warning: onnxruntime's uint8 GEMMs are not exact on {cpu.describe()}; running "
-                  "the int8 GEMMs as converted (exact, slower)", file=sys.stderr)
-            self.u8_gemm, self._run_model, self.recoded, self.recoded_producers = False, None, set(), []
-            self._sessions.clear()
-            raise _Retry() from e
-        if ort_library.native_library():
-            self.gemm_check = opts.get_session_config_entry(ort_library.CHECK)
-        return model
+    def session_model(self) -> onnx.ModelProto:
+        """The model the library backend's session runs (the compiled artifact); the others' as given."""
+        return self.engine.compiled.model if self.name == "library" else self.model
 
     def _session(self, extra: tuple[str, ...]):
         if extra not in self._sessions:
             import onnxruntime as ort
 
-            for _ in range(2):
-                opts, model = self._options(), self.session_model(extra)
-                try:
-                    if self.name == "library":
-                        model = self._register(opts, model)
-                    break
-                except _Retry:
-                    continue
-            if extra:
-                model = with_outputs(model, list(extra))
-            self._sessions[extra] = ort.InferenceSession(model.SerializeToString(), opts,
-                                                         providers=["CPUExecutionProvider"])
+            if self.name == "library":
+                from ivit_onnx.engines.onnxruntime import InferenceSession
+
+                session = InferenceSession(self.model, self.threads, keep=extra, **self.rewrites)
+                self._sessions[extra] = session
+            else:
+                from ivit_onnx.engines.onnxruntime.session import session_options
+
+                opts = session_options(self.threads)
+                if self.name == "onnxruntime":
+                    simulate_qdq(opts)
+                else:
+                    exact_weight_gemms(opts)
+                model = with_outputs(self.model, list(extra)) if extra else self.model
+                self._sessions[extra] = ort.InferenceSession(model.SerializeToString(), opts,
+                                                             providers=["CPUExecutionProvider"])
         return self._sessions[extra]
-
-    def _prepared(self) -> onnx.ModelProto:
-        if self._run_model is None:
-            self._run_model = self.model
-            if self.name == "library" and self.patch_gemm:  # before the re-encoding: its GEMM takes uint8 A
-                from ivit_onnx.patch_gemm import patch_gemm
-
-                self._run_model, self.patch_gemms = patch_gemm(self.model)
-            if self.u8_gemm:
-                from ivit_onnx.u8_gemm import recode
-
-                done = recode(self._run_model)
-                self._run_model, self.recoded = done.model, done.tensors
-                self.recoded_producers = done.producers
-        return self._run_model
 
     def prepare(self) -> None:
         """Build the main session now (so that its cost is not timed as inference)."""
         self._session(())
 
     def describe(self) -> str:
-        if self.name != "library":
-            return ""
-        from ivit_onnx.opset import native_kernels
-
-        kernels = ("native custom-op library (compiled kernels, C ABI)" if native_kernels.available() else
-                   "numpy reference kernels in onnxruntime-extensions (the native library was not built)")
-        gemm = (f"{len(self.recoded_producers)} int8 GEMM operand producers re-encoded as uint8 (exact)"
-                if self.u8_gemm else "int8 GEMMs as converted")
-        gemm += f"; GEMM self-check: {self.gemm_check}" if self.gemm_check else ""
-        folds = f"; {self.bias_folds} GEMM bias Adds folded into Requantize" if self.bias_folds else ""
-        folds += f"; {self.patch_gemms} patch ConvInteger as MatMulInteger" if self.patch_gemms else ""
-        folds += f"; {self.chain_folds} Requantize chains as table lookups" if self.chain_folds else ""
-        return f"{kernels}; {gemm}{folds}"
+        return self.engine.describe() if self.name == "library" else ""
 
     def _run(self, feeds, extra):
-        from ivit_onnx.u8_gemm import decode
+        from ivit_onnx.engines.onnxruntime.u8_gemm import decode
 
         made = set(node_outputs(self.model))
         extra = tuple(t for t in extra if t in made and t not in self.output_names)
         sess = self._session(extra)
+        recoded = sess.compiled.recoded if self.name == "library" else set()
         names = [o.name for o in sess.get_outputs()]
-        return {k: decode(k, v, self.recoded) for k, v in zip(names, sess.run(names, feeds), strict=True)}
+        return {k: decode(k, v, recoded) for k, v in zip(names, sess.run(names, feeds), strict=True)}
 
 
 class ReferenceRunner(Runner):

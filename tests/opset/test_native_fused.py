@@ -1,11 +1,13 @@
 """The library's fused ops and the session-time rewrites that write them, bit-exact against the references.
 
-* :mod:`ivit_onnx.chain_fold`: a Requantize and the elementwise ops after it (Requantize, ShiftGELU), and
-  optionally the Shiftmax they feed, as ``ai.ivit.fused`` RequantizeTable / RequantizeShiftmax: chains from
-  hypothesis (per-tensor and per-channel heads, 8- and 16-bit intermediates, increasing and decreasing
-  tables, constant rows), the library's output equal to the reference evaluator's on the unfolded graph;
+* :mod:`ivit_onnx.engines.onnxruntime.chain_fold`: a Requantize and the elementwise ops after it
+  (Requantize, ShiftGELU), and optionally the Shiftmax they feed, as ``ai.ivit.fused`` RequantizeTable /
+  RequantizeShiftmax: chains from hypothesis (per-tensor and per-channel heads, 8- and 16-bit
+  intermediates, increasing and decreasing tables, constant rows), the library's output equal to the
+  reference evaluator's on the unfolded graph;
   what it must leave alone; the refusal of a table of the wrong size.
-* :mod:`ivit_onnx.u8_gemm` with an activation B operand (attention): both operands uint8 (uint8 x int8
+* :mod:`ivit_onnx.engines.onnxruntime.u8_gemm` with an activation B operand (attention): both operands uint8
+  (uint8 x int8
   activations saturate without VNNI), or neither when one of them cannot be re-encoded.
 * The C++ integer square root ILayerNorm uses equals ``math.isqrt`` on edge values.
 """
@@ -23,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from ivit_onnx.chain_fold import FUSED_DOMAIN, fold_chains
+from ivit_onnx.engines.onnxruntime.chain_fold import FUSED_DOMAIN, fold_chains
 from ivit_onnx.opset import OPS
 from ivit_onnx.opset.functions import attach_functions
 from ivit_onnx.opset.ort_library import native_library, session
@@ -181,7 +183,7 @@ def attention_model():
 
 
 def test_activation_operands_become_uint8_x_uint8():
-    from ivit_onnx.u8_gemm import recode
+    from ivit_onnx.engines.onnxruntime.u8_gemm import recode
 
     model = attention_model()
     done = recode(model)
@@ -197,7 +199,7 @@ def test_activation_operands_become_uint8_x_uint8():
 
 def test_activation_operands_stay_int8_when_one_cannot_move():
     """B's producer also feeds a graph output (it must stay int8), so A stays int8 too."""
-    from ivit_onnx.u8_gemm import recode
+    from ivit_onnx.engines.onnxruntime.u8_gemm import recode
 
     model = attention_model()
     g = model.graph

@@ -457,7 +457,7 @@ def gemm_bias_requantize(w: np.ndarray, bias: np.ndarray, za_shape=()) -> onnx.M
 
 @needs_library
 def test_bias_fold_is_exact_and_only_where_provable():
-    from ivit_onnx.bias_fold import fold_bias
+    from ivit_onnx.engines.onnxruntime.bias_fold import fold_bias
     from ivit_onnx.opset.ort_library import session
 
     w = RNG.integers(-128, 128, (64, 48)).astype(np.int8)
@@ -476,7 +476,7 @@ def test_bias_fold_is_exact_and_only_where_provable():
 
 @pytest.mark.parametrize("zw", [None, "scalar"])  # onnxruntime has no per-channel ConvInteger
 def test_patch_conv_as_gemm_is_exact(zw):
-    from ivit_onnx.patch_gemm import patch_gemm
+    from ivit_onnx.engines.onnxruntime.patch_gemm import patch_gemm
 
     w = RNG.integers(-128, 128, (5, 3, 4, 4)).astype(np.int8)
     inits = [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(np.uint8(128), "zx")]

@@ -143,7 +143,7 @@ def test_runner_falls_back_to_int8_gemms_with_one_warning(tiny, monkeypatch, cap
     got = lib.run(x)
     want = OrtRunner(model, "functions", 1).run(x)
     assert all(np.array_equal(got[k], want[k]) for k in want)
-    assert not lib.u8_gemm and lib.gemm_check.startswith("int8 GEMMs exact")
+    assert not lib.engine.compiled.uint8_gemms and lib.engine.gemm_check.startswith("int8 GEMMs exact")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not exact on" in err[0] and "int8 GEMMs as converted" in err[0]
 

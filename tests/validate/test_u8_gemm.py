@@ -1,4 +1,5 @@
-"""The uint8 re-encoding of GEMM operands (:mod:`ivit_onnx.u8_gemm`) changes no output and no intermediate."""
+"""The uint8 re-encoding of GEMM operands (:mod:`ivit_onnx.engines.onnxruntime.u8_gemm`) changes no output
+and no intermediate."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ivit_onnx.engines.onnxruntime.u8_gemm import decode, recode
 from ivit_onnx.opset.functions import attach_functions
 from ivit_onnx.runners import OrtRunner, node_outputs
-from ivit_onnx.u8_gemm import decode, recode
 from tests.validate.conftest import x_batch
 
 
@@ -39,12 +40,12 @@ def test_library_runner_decodes_every_intermediate(tiny):
     names = node_outputs(model)
     x = x_batch(2, seed=3)
     got, want = lib.run_with({"input": x}, names), bodies.run_with({"input": x}, names)
-    assert lib.recoded and set(got) == set(want)
+    assert lib.engine.compiled.recoded and set(got) == set(want)
     for k in want:
         assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
     plain = OrtRunner(model, "library", 1, u8_gemm=False)
-    plain._prepared()
-    assert not plain.recoded and plain.patch_gemms == 1  # the patch GEMM still runs, on int8 operands
+    compiled = plain.engine.compiled
+    assert not compiled.recoded and compiled.counts["patch_gemm"] == 1  # the patch GEMM, on int8 operands
 
 
 def _chain(consumer: str) -> onnx.ModelProto:

@@ -4,7 +4,7 @@ onnxruntime's ConvInteger does an im2col and a generic GEMM: DeiT's 16x16/16 pat
 a 157 ms batch, 4x onnxruntime's float Conv. With non-overlapping patches the im2col is a reshape and a
 transpose, so ``Reshape -> Transpose -> Reshape -> MatMulInteger -> Transpose -> Reshape`` computes the
 same int32 sums (same products, same zero points) in onnxruntime's fast u8 GEMM, and hands the consumers
-the same NCHW tensor. Applied at session time for the library backend, like :mod:`ivit_onnx.u8_gemm`;
+the same NCHW tensor. Applied at session time for the library backend, like :mod:`.u8_gemm`;
 the converted model keeps its ConvInteger.
 """
 

@@ -16,7 +16,7 @@ Exact by construction: a table entry is the reference chain applied to that inpu
 with constant parameters and at most :data:`MAX_TABLE` outputs, then one consumer at a time (no graph
 outputs, nothing in ``keep``) that is a Requantize or ShiftGELU with constant per-tensor parameters, and
 optionally a Shiftmax (then the first Requantize must be per tensor too). Applied at session time, like
-:mod:`ivit_onnx.bias_fold`, to the model the library runs; the converted model keeps its ops.
+:mod:`.bias_fold`, to the model the library runs; the converted model keeps its ops.
 """
 
 from __future__ import annotations

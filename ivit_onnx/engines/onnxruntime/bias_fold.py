@@ -6,7 +6,7 @@ the per-channel zero point ``zx - bias`` (the library's fused loop takes zero po
 extra cost). Exact where ``acc + bias`` cannot wrap in int32 (the Add it replaces is int32), so a pair is
 folded only when, for every output column, ``255 * sum_k |w - zw| + |bias|`` (activations differ from
 their zero point by at most 255) and ``|zx - bias|`` stay below ``2**31``, from the constant weights.
-Applied at session time, like :mod:`ivit_onnx.u8_gemm`, to the model the library runs; the converted model
+Applied at session time, like :mod:`.u8_gemm`, to the model the library runs; the converted model
 keeps its Add.
 """
 

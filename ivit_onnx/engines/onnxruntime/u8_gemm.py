@@ -14,7 +14,7 @@ The GEMMs this leaves are the two forms the library's self-check proves exact on
 activations. Attention's K and V become uint8 too: onnxruntime's uint8 x int8 kernel saturates on x86 CPUs
 without VNNI, and only constant weights can be moved to its exact uint8 x uint8 kernel there (by
 ``session.x64quantprecision``). ConvInteger keeps its int8 operands, which that conversion does not cover;
-the patch embedding reaches this as a MatMulInteger (:mod:`ivit_onnx.patch_gemm` runs first).
+the patch embedding reaches this as a MatMulInteger (:mod:`.patch_gemm` runs first).
 :func:`decode` maps a re-encoded tensor back.
 """
 

@@ -1,0 +1,115 @@
+"""The onnxruntime engine's compile step: the library's exact rewrites applied once to ``int.onnx``, saved
+as an artifact that a plain onnxruntime session with the library registered runs at full speed, on every
+CPU.
+
+The artifact's 8-bit GEMMs are the forms the library's self-check proves at registration (uint8 x constant
+int8, uint8 x uint8; ``opset/gemm_probe.py``), or int8 x int8 as converted (``u8_gemm=False``: the fallback,
+marked so that the session registers the library for it). Graph outputs are never re-encoded, so the artifact
+computes the same output bits as ``int.onnx``. The metadata key ``ivit.engine`` marks an artifact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import numpy_helper
+
+from .bias_fold import fold_bias
+from .chain_fold import fold_chains
+from .patch_gemm import patch_gemm
+from .u8_gemm import recode
+
+ENGINE_KEY = "ivit.engine"
+#: metadata: "uint8" or "int8", the GEMM forms the artifact runs (the session registers the library for them)
+GEMMS_KEY = "ivit.gemms"
+
+
+@dataclass
+class Compiled:
+    """The artifact, the tensors it holds as ``int8 + 128`` in uint8 (intermediates only) and what each
+    rewrite did."""
+
+    model: onnx.ModelProto
+    recoded: set[str] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def uint8_gemms(self) -> bool:
+        return _meta(self.model).get(GEMMS_KEY) == "uint8"
+
+    def describe(self) -> str:
+        """One line of what the compile step did, for reports."""
+        c = self.counts
+        gemm = (f"{c.get('u8_gemm', 0)} int8 GEMM operand producers re-encoded as uint8 (exact)"
+                if self.uint8_gemms else "int8 GEMMs as converted")
+        done = [gemm]
+        done += [f"{c['bias_fold']} GEMM bias Adds folded into Requantize"] if c.get("bias_fold") else []
+        done += [f"{c['patch_gemm']} patch ConvInteger as MatMulInteger"] if c.get("patch_gemm") else []
+        done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
+        return "; ".join(done)
+
+
+def _meta(model: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def is_artifact(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` is this engine's compiled artifact (not a model as converted)."""
+    return _meta(model).get(ENGINE_KEY) == "onnxruntime"
+
+
+def _unshare_weights(model: onnx.ModelProto) -> int:
+    """Give every constant weight read by several MatMulIntegers a copy of its own: onnxruntime 1.31's int8 ->
+    uint8 weight conversion (``session.x64quantprecision``, the exact path without VNNI) fails at session
+    creation on a shared initializer ("Attempt to replace the existing tensor")."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    seen: set[str] = set()
+    copies = 0
+    for n in g.node:
+        if n.op_type != "MatMulInteger" or len(n.input) < 2 or n.input[1] not in inits:
+            continue
+        if n.input[1] in seen:
+            name = f"{n.input[1]}__{n.name or n.output[0]}"
+            g.initializer.append(numpy_helper.from_array(numpy_helper.to_array(inits[n.input[1]]), name))
+            n.input[1] = name
+            copies += 1
+        seen.add(n.input[1])
+    return copies
+
+
+def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bool = True,
+                  patch: bool = True, chain_fold: bool = True, keep=frozenset()) -> Compiled:
+    """Apply the rewrites to a copy of ``model`` (an integer model as converted); ``keep`` names intermediates
+    that must survive them (validate's per-layer comparison). ``chain_fold`` writes ops that only the native
+    library has."""
+    if is_artifact(model):
+        raise ValueError("the model is already compiled for onnxruntime")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    counts: dict[str, int] = {}
+    recoded: set[str] = set()
+    if patch:
+        out, counts["patch_gemm"] = patch_gemm(out)
+    if u8_gemm:
+        done = recode(out)
+        out, recoded, counts["u8_gemm"] = done.model, done.tensors, len(done.producers)
+    if bias_fold:
+        out, counts["bias_fold"] = fold_bias(out, keep=set(keep))
+    if chain_fold:
+        out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
+    counts["unshared_weights"] = _unshare_weights(out)
+    meta = {**_meta(out), ENGINE_KEY: "onnxruntime", GEMMS_KEY: "uint8" if u8_gemm else "int8"}
+    del out.metadata_props[:]
+    for k, v in meta.items():
+        out.metadata_props.add(key=k, value=v)
+    return Compiled(out, recoded, counts)
+
+
+def gemm_forms(model: onnx.ModelProto) -> str:
+    """The GEMM forms an artifact was compiled for ("uint8" or "int8"); a converted model runs int8."""
+    return _meta(model).get(GEMMS_KEY, "int8")
+
+
+__all__ = ["Compiled", "compile_model", "gemm_forms", "is_artifact"]
