@@ -93,6 +93,18 @@ enum Slot : int {
   KernelInfo_GetNodeName = 244,       // Status*(const KernelInfo*, char* out, size_t* size) (version 15)
   KernelContext_ParallelFor = 274,    // (version 17) Status*(const KernelContext*, void (*fn)(void*, size_t), size_t total,
                                       //         size_t num_batch, void* data)
+  // used by the C example that runs a compiled artifact (examples/c/run_artifact.cpp); Allocator is OrtAllocator
+  CreateSession = 7,                  // Status*(const Env*, const char* model_path, const SessionOptions*, Session**)
+                                      //         (ORTCHAR_T: wchar_t on Windows)
+  CreateSessionOptions = 10,          // Status*(SessionOptions** out)
+  SessionGetInputCount = 30,          // Status*(const Session*, size_t* out)
+  SessionGetOutputCount = 31,         // Status*(const Session*, size_t* out)
+  SessionGetInputTypeInfo = 33,       // Status*(const Session*, size_t index, TypeInfo** out)
+  SessionGetInputName = 36,           // Status*(const Session*, size_t index, Allocator*, char** out)
+  SessionGetOutputName = 37,          // Status*(const Session*, size_t index, Allocator*, char** out)
+  AllocatorFree = 76,                 // Status*(Allocator*, void* p)
+  GetAllocatorWithDefaultOptions = 78, // Status*(Allocator** out): onnxruntime's, never released
+  RegisterCustomOpsLibrary_V2 = 228,  // Status*(SessionOptions*, const char* library_path)  (version 14; ORTCHAR_T)
 };
 
 struct Api {
