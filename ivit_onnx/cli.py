@@ -27,19 +27,24 @@ COMMANDS = {
         ),
     ),
     "compile": (
-        "compile an integer model with TVM (needs the tvm extra)",
+        "compile an integer model for an engine: onnxruntime (.onnx) or TVM (.so)",
         (
-            "Compile an integer-only model with TVM: inline the private ops' function bodies, "
-            "import with TVM's Relax ONNX frontend, build with tvm.compile and write a loadable library "
-            "(.so) with a .json sidecar describing its inputs, outputs and target."
+            "Compile an integer-only model for one engine. onnxruntime (-o X.onnx, or --engine "
+            "onnxruntime): the custom-op library's exact rewrites applied once (uint8 GEMM operands, bias "
+            "fold, patch GEMM, chain fold); any onnxruntime session that registers the library runs the "
+            "result fast, with the bits of the model as converted. TVM (-o X.so, or --engine tvm; needs the "
+            "tvm extra): inline the private ops' function bodies, import with TVM's Relax ONNX frontend, "
+            "build with tvm.compile and write a loadable library with a .json sidecar describing its "
+            "inputs, outputs and target."
         ),
     ),
     "run": (
-        "run a compiled library on an .npz of inputs (or random inputs)",
+        "run a compiled model (.onnx or .so) on an .npz of inputs (or random inputs)",
         (
-            "Run a library written by 'ivit-onnx compile' (llvm on this CPU, cuda on GPU 0) on "
-            "the inputs of an .npz file, keyed by input name, or on seeded random inputs; print each "
-            "output's type, shape and mean, and optionally save the outputs as .npz."
+            "Run a model written by 'ivit-onnx compile' (onnxruntime with the custom-op library for an "
+            ".onnx; TVM llvm on this CPU or cuda on GPU 0 for a .so) on the inputs of an .npz file, keyed "
+            "by input name, or on seeded random inputs; print each output's type, shape and mean, and "
+            "optionally save the outputs as .npz."
         ),
     ),
     "bench": (
@@ -147,7 +152,10 @@ def _run_rewrite(args) -> int:
 def _add_tvm(sub) -> None:
     p = _subcommand(sub, "compile")
     p.add_argument("model", help="integer-only .onnx (from 'ivit-onnx rewrite')")
-    p.add_argument("-o", "--output", required=True, help="output library path (.so); the sidecar is .json")
+    p.add_argument("-o", "--output", required=True,
+                   help="the artifact: .onnx for onnxruntime, .so for TVM (its sidecar is .json)")
+    p.add_argument("--engine", choices=ENGINES, help="default: from the output's suffix (.onnx onnxruntime, "
+                   ".so tvm)")
     p.add_argument("--target", choices=["llvm", "cuda"], default="llvm", help="TVM target (default llvm)")
     p.add_argument("--arch", help="GPU architecture for cuda, e.g. sm_80, sm_90")
     p.add_argument("--tune", type=int, default=0, metavar="N", help="meta-schedule trials (default 0: none)")
@@ -162,7 +170,9 @@ def _add_tvm(sub) -> None:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     r = _subcommand(sub, "run")
-    r.add_argument("library", help="the .so written by 'ivit-onnx compile' (its .json sidecar next to it)")
+    r.add_argument("library", help="an artifact of 'ivit-onnx compile': .onnx (onnxruntime) or .so (TVM, its "
+                   ".json sidecar next to it); an integer .onnx as converted runs compiled in memory")
+    r.add_argument("--threads", type=int, default=None, metavar="N", help="onnxruntime intra-op threads")
     r.add_argument("--data", metavar="NPZ", help="inputs by name (default: random, seed 0)")
     r.add_argument("--out", metavar="NPZ", help="write the outputs here")
 
@@ -264,7 +274,43 @@ class Heartbeat:
             self._say(f"still {self.stage}")
 
 
+#: the engines of 'ivit-onnx compile', and the artifact suffix of each
+ENGINES = {"onnxruntime": ".onnx", "tvm": ".so"}
+
+
+def _engine(args) -> str:
+    """The engine asked for, or the one the output's suffix names; a mismatch is an error."""
+    suffix = os.path.splitext(args.output)[1]
+    by_suffix = next((e for e, s in ENGINES.items() if s == suffix), None)
+    engine = args.engine or by_suffix
+    if engine is None:
+        raise ConversionError(f"{args.output}: give --engine onnxruntime (.onnx) or --engine tvm (.so)")
+    if suffix != ENGINES[engine]:
+        raise ConversionError(f"{args.output}: the {engine} engine writes a {ENGINES[engine]} file")
+    return engine
+
+
+def _compile_onnxruntime(args) -> int:
+    from .engines.onnxruntime import compile_model, is_artifact
+    from .io import check_output_path, load_model, save_model
+
+    check_output_path(args.output)
+    model = load_model(resolve(args.model))
+    if is_artifact(model):
+        raise ConversionError(f"{args.model}: already compiled for onnxruntime")
+    if not any(n.domain == "ai.ivit" for n in model.graph.node):
+        raise ConversionError(f"{args.model}: not an integer model (no ai.ivit ops): convert it with "
+                              "'ivit-onnx rewrite' first")
+    compiled = compile_model(model)
+    save_model(compiled.model, args.output)
+    if not args.quiet:
+        print(f"wrote {args.output} (onnxruntime engine: {compiled.describe()})")
+    return 0
+
+
 def _run_compile(args) -> int:
+    if _engine(args) == "onnxruntime":
+        return _compile_onnxruntime(args)
     import shutil
     import tempfile
     from pathlib import Path
@@ -317,17 +363,48 @@ def _load_feeds(path: str) -> dict:
         raise ConversionError(f"{path}: not a readable .npz ({one_line(e)})") from None
 
 
+class _OrtArtifact:
+    """An onnxruntime artifact (or int.onnx) behind the TVM artifact's run interface: inputs/outputs as
+    name/shape/dtype dicts (a symbolic batch dimension as 1), ``run(feeds)`` a list in output order."""
+
+    def __init__(self, path: str, threads: int | None):
+        from .session import InferenceSession
+
+        self.session = InferenceSession(path, threads=threads)
+        self.inputs = [self._spec(a) for a in self.session.get_inputs()]
+        self.outputs = [self._spec(a) for a in self.session.get_outputs()]
+
+    @staticmethod
+    def _spec(arg) -> dict:
+        dtype = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
+                 "tensor(int64)": "int64", "tensor(int32)": "int32"}.get(arg.type, "float32")
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in arg.shape]
+        return {"name": arg.name, "shape": shape, "dtype": dtype}
+
+    def run(self, feeds: dict) -> list:
+        return self.session.run(None, feeds)
+
+
 def _run_run(args) -> int:
     import numpy as np
 
     from .io import atomic_output, check_output_path
 
-    backend = _tvm()
     if args.out:
         check_output_path(args.out)
+    if not os.path.isfile(args.library):
+        raise ConversionError(f"{args.library}: no such file")
     try:
-        art = backend.load(args.library)
-    except Exception as e:  # noqa: BLE001 - OSError, JSON, KeyError, TVM errors: one line
+        if args.library.endswith(".so"):
+            backend = _tvm()
+            art = backend.load(args.library)
+            run = lambda feeds: backend.run(art, feeds)  # noqa: E731
+        else:
+            art = _OrtArtifact(args.library, args.threads)
+            run = art.run
+    except ConversionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - OSError, JSON, KeyError, onnxruntime/TVM errors: one line
         raise ConversionError(f"{args.library}: cannot load a compiled model ({one_line(e)})") from None
     if args.data:
         feeds = _load_feeds(args.data)
@@ -344,7 +421,7 @@ def _run_run(args) -> int:
                 feeds[i["name"]] = rng.standard_normal(i["shape"]).astype(dt)
     src = args.data or "random inputs"
     try:
-        outs = backend.run(art, feeds)
+        outs = run(feeds)
     except KeyError as e:
         raise ConversionError(f"{src}: {e.args[0]} (the inputs of {args.library})") from None
     except ValueError as e:
