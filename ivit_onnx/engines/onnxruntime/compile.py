@@ -10,6 +10,7 @@ computes the same output bits as ``int.onnx``. The metadata key ``ivit.engine`` 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import onnx
@@ -23,6 +24,8 @@ from .u8_gemm import recode
 ENGINE_KEY = "ivit.engine"
 #: metadata: "uint8" or "int8", the GEMM forms the artifact runs (the session registers the library for them)
 GEMMS_KEY = "ivit.gemms"
+#: metadata: what each rewrite did (JSON), so a loaded artifact describes itself
+COUNTS_KEY = "ivit.compile"
 
 
 @dataclass
@@ -33,6 +36,11 @@ class Compiled:
     model: onnx.ModelProto
     recoded: set[str] = field(default_factory=set)
     counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, model: onnx.ModelProto) -> Compiled:
+        """A saved artifact, with the counts its compile step recorded."""
+        return cls(model, counts=json.loads(_meta(model).get(COUNTS_KEY, "{}")))
 
     @property
     def uint8_gemms(self) -> bool:
@@ -48,6 +56,14 @@ class Compiled:
         done += [f"{c['patch_gemm']} patch ConvInteger as MatMulInteger"] if c.get("patch_gemm") else []
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
         return "; ".join(done)
+
+
+def _drop_unused_initializers(g: onnx.GraphProto) -> None:
+    """The rewrites leave constants nothing reads (onnxruntime warns about each one at load)."""
+    used = {i for n in g.node for i in n.input} | {i.name for i in g.input} | {o.name for o in g.output}
+    keep = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
 
 
 def _meta(model: onnx.ModelProto) -> dict[str, str]:
@@ -100,7 +116,9 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
     if chain_fold:
         out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
     counts["unshared_weights"] = _unshare_weights(out)
-    meta = {**_meta(out), ENGINE_KEY: "onnxruntime", GEMMS_KEY: "uint8" if u8_gemm else "int8"}
+    _drop_unused_initializers(out.graph)
+    meta = {**_meta(out), ENGINE_KEY: "onnxruntime", GEMMS_KEY: "uint8" if u8_gemm else "int8",
+            COUNTS_KEY: json.dumps(counts, sort_keys=True)}
     del out.metadata_props[:]
     for k, v in meta.items():
         out.metadata_props.add(key=k, value=v)

@@ -63,7 +63,7 @@ class InferenceSession:
         self.threads, self.keep, self._base = threads, tuple(keep), sess_options
         if not native:  # the extensions fallback: no fused ops, and no self-check for the uint8 forms
             rewrites = {**rewrites, "u8_gemm": False, "chain_fold": False}
-        self.compiled = self._compile(**rewrites) if self.source is not None else Compiled(proto)
+        self.compiled = self._compile(**rewrites) if self.source is not None else Compiled.load(proto)
         try:
             self._session = self._open()
         except Exception as e:  # onnxruntime's Fail carrying the self-check's line
