@@ -9,11 +9,12 @@
 
 Both models are compiled for the host CPU with the same meta-schedule budget (``--trials`` each, separate
 databases under ``--tune-dir`` so reruns reuse them). With 0 trials, every GEMM of both builds still has a
-deterministic schedule (``tvm_backend/cpu_gemm.py``: int8 on AVX-512 VNNI where the CPU has it, FP32 on
-packed FMA tiles; tuning skips those) and FP32 softmax/LayerNorm dlight's CPU rule. onnxruntime runs the
-FP32 model and, for reference, the integer model through its function bodies. Every runner gets the same
-random inputs and runs once per round, rounds interleaved, so all are measured under the same load; the
-median per batch is reported with ratios, the CPU model and the load average. The TVM integer output is
+deterministic schedule (``engines/tvm/cpu_gemm.py``: int8 on AVX-512 VNNI where the CPU has it, else AVX2
+``vpmaddwd`` (``IVIT_TVM_VNNI=0`` forces it), FP32 on packed FMA tiles; tuning skips those) and FP32
+softmax/LayerNorm dlight's CPU rule. onnxruntime runs the FP32 model and, for reference, the integer model
+through its function bodies. Every runner gets the same random inputs and runs once per round, rounds
+interleaved, so all are measured under the same load; the median per batch is reported with ratios, the CPU
+model and the load average. The TVM integer output is
 checked bit for bit against onnxruntime's run of the function bodies (freshly attached, as the TVM path
 does: bodies stored in an older file may predate the current opset).
 """
@@ -145,13 +146,17 @@ def random_inputs(specs, rng) -> dict[str, np.ndarray]:
     return out
 
 
+#: the 8-bit dot products of the int build: VNNI; AVX2 (LLVM fuses it with its add into vpdpwssd on VNNI CPUs)
+DOT_INSTRUCTIONS = ("vpdpbusd", "vpmaddwd", "vpdpwssd")
+
+
 def _tvm_runner(path: Path, specs, feeds, trials: int, tune_dir: Path):
     """Compile for the host CPU; returns (timed call, call returning numpy outputs, compile seconds, the
-    count of vpdpbusd instructions in the build)."""
+    count of each 8-bit dot-product instruction in the build)."""
     import tvm
     from tvm import relax
 
-    from ivit_onnx.tvm_backend import compile_model
+    from ivit_onnx.engines.tvm import compile_model
 
     t0 = time.perf_counter()
     reuse = (tune_dir / "database_workload.json").exists()
@@ -161,10 +166,11 @@ def _tvm_runner(path: Path, specs, feeds, trials: int, tune_dir: Path):
     vm = relax.VirtualMachine(art.module, tvm.cpu())
     args = [tvm.runtime.tensor(feeds[i["name"]]) for i in art.inputs]
     fn = vm["main"]
-    from ivit_onnx.tvm_backend.cpu_gemm import llvm_asm
+    from ivit_onnx.engines.tvm.cpu_gemm import llvm_asm
 
-    vnni = llvm_asm(art.module).count("vpdpbusd")
-    return (lambda: fn(*args)), (lambda: art.run([feeds[i["name"]] for i in art.inputs])), seconds, vnni
+    asm = llvm_asm(art.module)
+    dots = {ins: asm.count(ins) for ins in DOT_INSTRUCTIONS}
+    return (lambda: fn(*args)), (lambda: art.run([feeds[i["name"]] for i in art.inputs])), seconds, dots
 
 
 def _ort_runner(model_or_path, feeds, threads: int):
@@ -225,7 +231,7 @@ def main(argv=None) -> int:
     int_feeds = {k: fp32_feeds[k] if k in fp32_feeds and fp32_specs[k] == v else random_inputs({k: v}, rng)[k]
                  for k, v in int_specs.items()}
 
-    tvm_int, tvm_int_out, int_s, int_vnni = _tvm_runner(int_path, int_specs, int_feeds, args.trials,
+    tvm_int, tvm_int_out, int_s, int_dots = _tvm_runner(int_path, int_specs, int_feeds, args.trials,
                                                         tune_dir / "int")
     tvm_fp32, _, fp32_s, _ = _tvm_runner(fp32_path, fp32_specs, fp32_feeds, args.trials, tune_dir / "fp32")
     compile_line = (
@@ -261,11 +267,12 @@ def main(argv=None) -> int:
     print(f"tvm int / tvm fp32: {med['tvm int'] / med['tvm fp32']:.2f}x; {cpu_model()}, "
           f"{os.cpu_count()} CPUs, "
           f"1-min load {load_before:.2f} before / {os.getloadavg()[0]:.2f} after the timed rounds; "
-          f"vpdpbusd instructions in the int build: {int_vnni}")
+          f"dot-product instructions in the int build: "
+          f"{', '.join(f'{k} {v}' for k, v in int_dots.items())}")
     if args.json:
         result = {"batch": args.batch, "threads": args.threads, "trials": args.trials,
                   "compile_s": {"int": int_s, "fp32": fp32_s}, "bit_exact": exact, "median_ms": med,
-                  "cpu": cpu_model(), "vpdpbusd": int_vnni,
+                  "cpu": cpu_model(), **int_dots,
                   "models": [str(int_path), str(fp32_path)]}
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0 if exact else 1

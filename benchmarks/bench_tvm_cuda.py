@@ -5,10 +5,10 @@
 
 For each model (random weights, built once under ``--work`` by ``bench_validate.build``) both graphs are
 compiled for CUDA (the integer one with ivit-onnx's exact flags, the FP32 one with TVM's fast math) and
-the proxies of :mod:`ivit_onnx.tvm_backend.proxies` are printed side by side: kernel launches per forward,
+the proxies of :mod:`ivit_onnx.engines.tvm.proxies` are printed side by side: kernel launches per forward,
 int8 tensor-core GEMMs of all GEMMs, GEMMs writing int32 to global memory, 64-bit integer div/rem in the
 PTX (total and kernels holding any), thread blocks per GEMM launch (min, median: the grids of the
-scheduled TIR, :func:`ivit_onnx.tvm_backend.cuda.record_launch_grids`), compile time (TVM, then nvcc to
+scheduled TIR, :func:`ivit_onnx.engines.tvm.cuda.record_launch_grids`), compile time (TVM, then nvcc to
 PTX). Without a GPU it says so and exits 0 there. With one it also times TVM int, TVM FP32, torch FP32,
 torch FP16 eager and FP16 ``torch.compile`` (the same ``models/`` definitions and weights), rounds
 interleaved, medians and ratios;
@@ -68,10 +68,10 @@ def build_proxies(
     path: Path, arch: str, batch: int, exact: bool, cuda_graph: bool = False
 ) -> tuple[object, dict]:
     """Compile for cuda; the artifact and its proxy row plus compile seconds (TVM, nvcc) and div64 list."""
-    from ivit_onnx.tvm_backend import compile_model
-    from ivit_onnx.tvm_backend.cuda import cuda_sources, record_launch_grids, to_ptx
-    from ivit_onnx.tvm_backend.proxies import measure
-    from ivit_onnx.tvm_backend.tc_gemm import gemm_blocks
+    from ivit_onnx.engines.tvm import compile_model
+    from ivit_onnx.engines.tvm.cuda import cuda_sources, record_launch_grids, to_ptx
+    from ivit_onnx.engines.tvm.proxies import measure
+    from ivit_onnx.engines.tvm.tc_gemm import gemm_blocks
 
     t0 = time.perf_counter()
     with record_launch_grids() as grids:

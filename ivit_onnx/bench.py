@@ -415,7 +415,7 @@ class _TvmEngine:
         if threads:  # read when TVM's thread pool starts (at the first run)
             os.environ["TVM_NUM_THREADS"] = str(threads)
         try:
-            from .tvm_backend import compile as backend
+            from .engines.tvm import compile as backend
         except ImportError as e:
             raise ConversionError(f"--engines tvm: TVM is not installed ({e.name or one_line(e)}): "
                                   "pip install 'ivit-onnx[tvm]'") from None

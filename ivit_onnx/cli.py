@@ -180,7 +180,7 @@ def _add_tvm(sub) -> None:
 def _tvm():
     """The TVM backend module, or a one-line error saying which extra to install."""
     try:
-        from .tvm_backend import compile as backend
+        from .engines.tvm import compile as backend
     except ImportError as e:
         raise ConversionError(
             f"TVM is not installed ({e.name or one_line(e)}): pip install 'ivit-onnx[tvm]' "

@@ -1,4 +1,5 @@
-"""onnx-graphsurgeon helpers shared by the passes: producers, consumers, constants, QDQ look-through."""
+"""Graph helpers shared by the passes and the engines: producers, consumers, constants, QDQ look-through
+(onnx-graphsurgeon), and readers of ONNX protos (:func:`input_uses`, :func:`node_attrs`)."""
 
 from __future__ import annotations
 
@@ -125,3 +126,10 @@ def input_uses(g) -> dict[str, list[tuple]]:
             if name:
                 uses.setdefault(name, []).append((node, k))
     return uses
+
+
+def node_attrs(node) -> dict:
+    """An ONNX NodeProto's attributes as ``{name: python value}``."""
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}

@@ -26,10 +26,10 @@ class TvmSession:
     """A TVM artifact behind onnxruntime's session interface."""
 
     def __init__(self, path: str | os.PathLike):
-        from ivit_onnx import tvm_backend
+        from ivit_onnx.engines.tvm import compile as tvm_compile
 
-        self._backend = tvm_backend
-        self.artifact = tvm_backend.load(path)
+        self._backend = tvm_compile
+        self.artifact = tvm_compile.load(path)
 
     @staticmethod
     def _args(specs) -> list[NodeArg]:

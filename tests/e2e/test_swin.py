@@ -135,7 +135,7 @@ def test_masked_probabilities_are_exactly_zero(tmp_path):
 @pytest.mark.tvm
 def test_swin_tvm_llvm_bit_exact(tmp_path):
     pytest.importorskip("tvm")
-    from ivit_onnx.tvm_backend import compile_model
+    from ivit_onnx.engines.tvm import compile_model
 
     model, _ = rewrite(_fake_quant(tmp_path, "padded")[0])
     x = _images(2, 5, 28)
@@ -146,7 +146,7 @@ def test_swin_tvm_llvm_bit_exact(tmp_path):
 
 def _cuda_build(tmp_path, arch: str):
     pytest.importorskip("tvm")
-    from ivit_onnx.tvm_backend import compile_model
+    from ivit_onnx.engines.tvm import compile_model
 
     model, _ = rewrite(_fake_quant(tmp_path, "padded")[0])
     return model, compile_model(model, target="cuda", arch=arch, shape={"input": [16, 3, 28, 28]})
@@ -158,8 +158,8 @@ def _cuda_build(tmp_path, arch: str):
 def test_swin_cuda_codegen(tmp_path):
     """CUDA source and PTX without a GPU: every kernel traced, every GEMM on int8 tensor cores (the
     10-class head's N < 16 too: padded to the tile)."""
-    from ivit_onnx.tvm_backend.cuda import cuda_sources, int8_instructions, to_ptx
-    from ivit_onnx.tvm_backend.proxies import measure
+    from ivit_onnx.engines.tvm.cuda import cuda_sources, int8_instructions, to_ptx
+    from ivit_onnx.engines.tvm.proxies import measure
 
     _, art = _cuda_build(tmp_path, "sm_90")
     (source,) = cuda_sources(art.module)

@@ -185,7 +185,7 @@ def test_padding_contents_do_not_change_the_result(trained, test_split):
 def test_tvm_llvm_bitexact(trained, test_split):
     """TVM (llvm, the private ops as fused kernels) equals the function bodies in onnxruntime bit for bit."""
     pytest.importorskip("tvm")
-    from ivit_onnx.tvm_backend import compile_model
+    from ivit_onnx.engines.tvm import compile_model
 
     model = trained[2]
     feeds = {k: v[:8] for k, v in test_split.feeds.items()}
@@ -201,9 +201,9 @@ def test_tvm_cuda_codegen(trained):
     ``Where(mask, fill, int32(scores))`` are recomputed in the Shiftmax kernel from the int8 scores and the
     mask; the head split and transposes run inside the GEMMs (prologue fusion)."""
     pytest.importorskip("tvm")
-    from ivit_onnx.tvm_backend import compile_model
-    from ivit_onnx.tvm_backend.cuda import cuda_sources, to_ptx
-    from ivit_onnx.tvm_backend.proxies import measure
+    from ivit_onnx.engines.tvm import compile_model
+    from ivit_onnx.engines.tvm.cuda import cuda_sources, to_ptx
+    from ivit_onnx.engines.tvm.proxies import measure
 
     model = trained[2]
     inits = {i.name for i in model.graph.initializer}

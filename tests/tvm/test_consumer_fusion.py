@@ -22,11 +22,11 @@ from ivit_onnx.opset.reference import evaluator
 tvm = pytest.importorskip("tvm")
 from _tvm_cases import chain_model  # noqa: E402
 
-from ivit_onnx.tvm_backend import compile_model, prepare_for_tvm  # noqa: E402
-from ivit_onnx.tvm_backend.compile import fuse, import_relax, io_specs, make_target  # noqa: E402
-from ivit_onnx.tvm_backend.cuda import cuda_sources, to_ptx  # noqa: E402
-from ivit_onnx.tvm_backend.kernels import KERNEL_OPS  # noqa: E402
-from ivit_onnx.tvm_backend.proxies import kernels, measure  # noqa: E402
+from ivit_onnx.engines.tvm import compile_model, prepare_for_tvm  # noqa: E402
+from ivit_onnx.engines.tvm.compile import fuse, import_relax, io_specs, make_target  # noqa: E402
+from ivit_onnx.engines.tvm.cuda import cuda_sources, to_ptx  # noqa: E402
+from ivit_onnx.engines.tvm.kernels import KERNEL_OPS  # noqa: E402
+from ivit_onnx.engines.tvm.proxies import kernels, measure  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 SHAPE = [2, 2, 17, 64]  # batch, heads, tokens, head_dim: every GEMM extent >= 16 (int8 tensor cores)

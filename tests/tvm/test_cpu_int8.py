@@ -1,4 +1,5 @@
-"""llvm GEMMs (tvm_backend/cpu_gemm.py): int8 on AVX-512 VNNI bit for bit, FP32 close to onnxruntime."""
+"""llvm GEMMs (engines/tvm/cpu_gemm.py): int8 on AVX-512 VNNI or AVX2 bit for bit, FP32 close to onnxruntime
+(every GEMM form on every path: test_cpu_gemm_forms.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,18 @@ from onnx import TensorProto, helper, numpy_helper
 tvm = pytest.importorskip("tvm")
 import onnxruntime as ort  # noqa: E402
 
+from ivit_onnx.engines.tvm import compile_model  # noqa: E402
+from ivit_onnx.engines.tvm.compile import make_target  # noqa: E402
+from ivit_onnx.engines.tvm.cpu_gemm import (  # noqa: E402
+    AVX2,
+    VNNI,
+    VNNI_ENV,
+    has_vnni,
+    llvm_asm,
+    pack_dot,
+    pack_f32,
+)
 from ivit_onnx.opset.functions import attach_functions  # noqa: E402
-from ivit_onnx.tvm_backend import compile_model  # noqa: E402
-from ivit_onnx.tvm_backend.compile import make_target  # noqa: E402
-from ivit_onnx.tvm_backend.cpu_gemm import has_vnni, llvm_asm, pack_f32, pack_vnni  # noqa: E402
 
 #: a VNNI CPU: the instruction check compiles for it on any x86 host (running needs the host to have VNNI)
 VNNI_TARGET = {"kind": "llvm", "mcpu": "cascadelake", "mtriple": "x86_64-linux-gnu", "num-cores": 2}
@@ -23,12 +32,14 @@ HOST_VNNI = has_vnni(make_target("llvm"))
 def test_packed_layouts():
     rng = np.random.default_rng(0)
     w8 = rng.integers(-128, 128, (8, 32)).astype(np.int8)
-    p8 = pack_vnni(w8)
+    p8, p16 = pack_dot(w8, VNNI), pack_dot(w8, AVX2)
+    assert (p8.dtype, p16.dtype) == (np.int8, np.int16)
     wf = rng.standard_normal((8, 32)).astype(np.float32)
     pf = pack_f32(wf)
     for k in range(8):
         for n in range(32):
             assert p8[n // 16, k // 4, n % 16, k % 4] == w8[k, n]
+            assert p16[n // 8, k // 2, n % 8, k % 2] == w8[k, n]
             assert pf[n // 16, k, n % 16] == wf[k, n]
 
 
@@ -84,10 +95,9 @@ def test_matmul_of_activations_bit_exact(a_type, b_type, a_shape, b_shape):
 
 
 def test_without_vnni_int8_gemms_stay_exact(monkeypatch):
-    """A CPU without VNNI (e.g. a CI host): integer GEMMs keep relax.matmul under the generic tiling."""
-    from ivit_onnx.tvm_backend import cpu_gemm
-
-    monkeypatch.setattr(cpu_gemm, "has_vnni", lambda target: False)
+    """VNNI switched off (``IVIT_TVM_VNNI=0``, as on a CPU without it): exact without ``vpdpbusd`` (which form
+    runs instead: test_cpu_gemm_forms.py)."""
+    monkeypatch.setenv(VNNI_ENV, "0")
     model, w = gemm_model(4, 17, 96, 32, x_zp=131)
     x = np.random.default_rng(1).choice(np.array([0, 255, 131, 7], np.uint8), (4, 17, 96))
     art = compile_model(model)
@@ -96,7 +106,8 @@ def test_without_vnni_int8_gemms_stay_exact(monkeypatch):
     np.testing.assert_array_equal(y, ((x.astype(np.int64) - 131) @ w.astype(np.int64)).astype(np.int32))
 
 
-def test_int8_gemms_use_vpdpbusd_and_fp32_ones_fma():
+def test_int8_gemms_use_vpdpbusd_and_fp32_ones_fma(monkeypatch):
+    monkeypatch.delenv(VNNI_ENV, raising=False)
     model, _ = gemm_model(2, 16, 64, 48, x_zp=0)
     assert "vpdpbusd" in llvm_asm(compile_model(model, target=VNNI_TARGET).module)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 64])

@@ -14,8 +14,8 @@ from ivit_onnx.opset import OPS
 from ivit_onnx.opset.reference import evaluator
 
 tvm = pytest.importorskip("tvm")
-from ivit_onnx.tvm_backend import compile_model  # noqa: E402
-from ivit_onnx.tvm_backend.cuda import cuda_sources, int8_instructions, to_ptx  # noqa: E402
+from ivit_onnx.engines.tvm import compile_model  # noqa: E402
+from ivit_onnx.engines.tvm.cuda import cuda_sources, int8_instructions, to_ptx  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 

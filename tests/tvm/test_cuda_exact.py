@@ -19,8 +19,8 @@ from ivit_onnx.opset.functions import attach_functions
 
 tvm = pytest.importorskip("tvm")
 ort = pytest.importorskip("onnxruntime")
-from ivit_onnx.tvm_backend import compile_model  # noqa: E402
-from ivit_onnx.tvm_backend import cuda as tvm_cuda  # noqa: E402
+from ivit_onnx.engines.tvm import compile_model  # noqa: E402
+from ivit_onnx.engines.tvm import cuda as tvm_cuda  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
@@ -154,10 +154,15 @@ def io_model(rng, tokens: int = 32, dim: int = 64, hidden: int = 128) -> onnx.Mo
 
 
 def test_io_model_bitexact_on_llvm():
+    """(The reference on onnxruntime's exact kernels: its uint8 x int8 GEMM saturates without VNNI.)"""
+    from ivit_onnx.runners import exact_weight_gemms
+
     rng = np.random.default_rng(1)
     model = io_model(rng)
     x = _near_midpoints(rng, DEIT_SCALE, (2, 32, 64))
-    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    opts = ort.SessionOptions()
+    exact_weight_gemms(opts)
+    expected = ort.InferenceSession(model.SerializeToString(), opts).run(None, {"x": x})[0]
     np.testing.assert_array_equal(compile_model(model).run({"x": x})[0], expected)
 
 

@@ -1,4 +1,4 @@
-"""GPU speed proxies read from CUDA builds without a GPU (``ivit_onnx.tvm_backend.proxies``): the parsers on
+"""GPU speed proxies read from CUDA builds without a GPU (``ivit_onnx.engines.tvm.proxies``): the parsers on
 hand-written code, then the counts of real builds (a chained block, a one-block DeiT-shaped pair)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from _tvm_cases import chain_model
 
-from ivit_onnx.tvm_backend.proxies import div64_per_kernel, forward_calls, kernels, measure
+from ivit_onnx.engines.tvm.proxies import div64_per_kernel, forward_calls, kernels, measure
 
 SOURCE = """
 extern "C" __global__ void __launch_bounds__(128) fused_matmul_add_kernel(int* __restrict__ acc_ptr,
@@ -99,8 +99,8 @@ def test_cuda_graph_replays_count_as_one_launch_call():
 
 
 tvm = pytest.importorskip("tvm")
-from ivit_onnx.tvm_backend import compile_model  # noqa: E402
-from ivit_onnx.tvm_backend.cuda import cuda_sources, to_ptx  # noqa: E402
+from ivit_onnx.engines.tvm import compile_model  # noqa: E402
+from ivit_onnx.engines.tvm.cuda import cuda_sources, to_ptx  # noqa: E402
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
@@ -151,7 +151,7 @@ def test_small_deit_proxies(small_deit_proxies):
 @needs_nvcc
 def test_small_deit_launch_target(small_deit_proxies):
     """Fewer launches than the FP32 build: the input quantize, the Q/K/V split and transposes, the class-token
-    gather run inside the GEMMs reading them (:mod:`ivit_onnx.tvm_backend.prologue`), and P·V needs no
+    gather run inside the GEMMs reading them (:mod:`ivit_onnx.engines.tvm.prologue`), and P·V needs no
     zero-point column-sum kernel; what remains besides the GEMMs is the row kernels and the token concat."""
     i, f = small_deit_proxies["int"], small_deit_proxies["fp32"]
     assert i.launches < f.launches, (i.calls, f.calls)

@@ -1,4 +1,4 @@
-"""CUDA: 8-bit GEMMs on tensor cores beyond dlight's s8 case (``tvm_backend.cuda.Int8TensorCoreMatmul``):
+"""CUDA: 8-bit GEMMs on tensor cores beyond dlight's s8 case (``engines.tvm.cuda.Int8TensorCoreMatmul``):
 uint8 x uint8 on ``uchar`` wmma fragments (``wmma.mma...s32.u8.u8.s32``), also with an elementwise producer
 of an operand and a narrowing epilogue in the same kernel, and GEMMs with M < 16 and N < 16 (a batch-8
 classifier head) padded to the tile. Built for sm_80/sm_90 and checked in nvcc's PTX, no GPU needed; the
@@ -15,8 +15,8 @@ tvm = pytest.importorskip("tvm")
 from _tvm_cases import WMMA  # noqa: E402
 from tvm import te  # noqa: E402
 
-from ivit_onnx.tvm_backend.compile import make_target  # noqa: E402
-from ivit_onnx.tvm_backend.cuda import (  # noqa: E402
+from ivit_onnx.engines.tvm.compile import make_target  # noqa: E402
+from ivit_onnx.engines.tvm.cuda import (  # noqa: E402
     cuda_sources,
     gpu_schedules,
     int8_instructions,
@@ -24,8 +24,8 @@ from ivit_onnx.tvm_backend.cuda import (  # noqa: E402
     register_u8_wmma,
     to_ptx,
 )
-from ivit_onnx.tvm_backend.proxies import kernels, measure  # noqa: E402
-from ivit_onnx.tvm_backend.tc_gemm import choose_tile, gemm_blocks  # noqa: E402
+from ivit_onnx.engines.tvm.proxies import kernels, measure  # noqa: E402
+from ivit_onnx.engines.tvm.tc_gemm import choose_tile, gemm_blocks  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")

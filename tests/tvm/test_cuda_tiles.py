@@ -1,4 +1,4 @@
-"""CUDA: the per-GEMM block tile of our 8-bit tensor-core schedule (``tvm_backend.tc_gemm``): the tile
+"""CUDA: the per-GEMM block tile of our 8-bit tensor-core schedule (``engines.tvm.tc_gemm``): the tile
 choice (grids of at least one block per SM where the problem allows, N = 64 on a 64-wide tile, a small-M
 head on a 16-row tile), every tile of the table building to wmma of the operand type with no int32
 stored by a narrowing epilogue, and the launch geometry read back from the scheduled TIR. Built for
@@ -16,10 +16,10 @@ tvm = pytest.importorskip("tvm")
 from _tvm_cases import WMMA  # noqa: E402
 from tvm import te  # noqa: E402
 
-from ivit_onnx.tvm_backend import cuda  # noqa: E402
-from ivit_onnx.tvm_backend.compile import make_target  # noqa: E402
-from ivit_onnx.tvm_backend.proxies import kernels  # noqa: E402
-from ivit_onnx.tvm_backend.tc_gemm import (  # noqa: E402
+from ivit_onnx.engines.tvm import cuda  # noqa: E402
+from ivit_onnx.engines.tvm.compile import make_target  # noqa: E402
+from ivit_onnx.engines.tvm.proxies import kernels  # noqa: E402
+from ivit_onnx.engines.tvm.tc_gemm import (  # noqa: E402
     LOAD_VECTOR,
     STORE_VECTOR,
     TILES,

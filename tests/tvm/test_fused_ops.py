@@ -1,4 +1,4 @@
-"""The fused TIR kernels of ``tvm_backend.kernels`` (the default TVM path): bit-exact against the numpy
+"""The fused TIR kernels of ``engines.tvm.kernels`` (the default TVM path): bit-exact against the numpy
 reference on the cases the generic generators miss (ShiftGELU's table and division paths, int64 shift-exps,
 int32 ILayerNorm rows of 4096), equal to the inlined bodies on a chained block and a DeiT-shaped model, and
 on cuda one kernel per row op with at most one 64-bit division (per row), none in the other kernels."""
@@ -18,13 +18,13 @@ from ivit_onnx.opset.reference import evaluator
 from ivit_onnx.opset.shift_exp import max_n
 
 tvm = pytest.importorskip("tvm")
-from ivit_onnx.tvm_backend import compile_model, prepare_for_tvm  # noqa: E402
-from ivit_onnx.tvm_backend.compile import fuse, import_relax, io_specs, make_target  # noqa: E402
-from ivit_onnx.tvm_backend.cuda import cuda_sources, to_ptx  # noqa: E402
-from ivit_onnx.tvm_backend.kernels import KERNEL_OPS  # noqa: E402
-from ivit_onnx.tvm_backend.kernels.arith import exp_dtype  # noqa: E402
-from ivit_onnx.tvm_backend.kernels.elementwise import gelu_table_range  # noqa: E402
-from ivit_onnx.tvm_backend.kernels.rows import KERNEL_ATTR  # noqa: E402
+from ivit_onnx.engines.tvm import compile_model, prepare_for_tvm  # noqa: E402
+from ivit_onnx.engines.tvm.compile import fuse, import_relax, io_specs, make_target  # noqa: E402
+from ivit_onnx.engines.tvm.cuda import cuda_sources, to_ptx  # noqa: E402
+from ivit_onnx.engines.tvm.kernels import KERNEL_OPS  # noqa: E402
+from ivit_onnx.engines.tvm.kernels.arith import exp_dtype  # noqa: E402
+from ivit_onnx.engines.tvm.kernels.elementwise import gelu_table_range  # noqa: E402
+from ivit_onnx.engines.tvm.kernels.rows import KERNEL_ATTR  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 
@@ -223,7 +223,7 @@ def test_isqrt_stages_exact():
 
     from tvm import te
 
-    from ivit_onnx.tvm_backend.kernels.arith import isqrt_stages
+    from ivit_onnx.engines.tvm.kernels.arith import isqrt_stages
 
     rng = np.random.default_rng(8)
     ks = [1, 2, 3, 46340, 46341, 2**31 - 1, 3037000499] + [int(k) for k in rng.integers(1, 2**31, 20)]

@@ -17,8 +17,8 @@ from test_prepare import GENERAL_CONVS, PATCH_CONVS, conv_model
 from ivit_onnx.opset.reference import evaluator
 
 tvm = pytest.importorskip("tvm")
-from ivit_onnx.tvm_backend import compile_model, load, prepare_for_tvm, run  # noqa: E402
-from ivit_onnx.tvm_backend.compile import import_relax, io_specs  # noqa: E402
+from ivit_onnx.engines.tvm import compile_model, load, prepare_for_tvm, run  # noqa: E402
+from ivit_onnx.engines.tvm.compile import import_relax, io_specs  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 

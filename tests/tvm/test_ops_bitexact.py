@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from ivit_onnx.opset import OPS
 
 tvm = pytest.importorskip("tvm")
-from ivit_onnx.tvm_backend import compile_model  # noqa: E402
+from ivit_onnx.engines.tvm import compile_model  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 

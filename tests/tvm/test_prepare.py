@@ -10,9 +10,9 @@ from _tvm_cases import GENERATORS, chain_model, one_node_model
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from ivit_onnx.conv_gemm import rewrite_conv_integer
+from ivit_onnx.engines.tvm import foreign_nodes, prepare_for_tvm
 from ivit_onnx.opset import OPS
-from ivit_onnx.tvm_backend import foreign_nodes, prepare_for_tvm
-from ivit_onnx.tvm_backend.conv import rewrite_conv_integer
 
 pytestmark = pytest.mark.tvm
 

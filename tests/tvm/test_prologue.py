@@ -1,4 +1,4 @@
-"""Prologue fusion (``ivit_onnx.tvm_backend.prologue``) and the converters that feed it (Split and Gather as
+"""Prologue fusion (``ivit_onnx.engines.tvm.prologue``) and the converters that feed it (Split and Gather as
 slices): the merged functions compute the same integers. On cuda they become the tensor-core GEMMs' operand
 loads (counted in test_cuda_proxies); here the same merged Relax/TIR is built for llvm and compared bit for
 bit with onnxruntime's run of the function bodies, which checks the merge itself."""
@@ -15,10 +15,10 @@ tvm = pytest.importorskip("tvm")
 from _deit_cases import SMALL_DEIT, deit_pair  # noqa: E402
 from tvm import relax  # noqa: E402
 
+from ivit_onnx.engines.tvm import prepare_for_tvm  # noqa: E402
+from ivit_onnx.engines.tvm.compile import fuse, import_relax, io_specs, make_target, relax_pipeline  # noqa: E402
+from ivit_onnx.engines.tvm.kernels import KERNEL_OPS  # noqa: E402
 from ivit_onnx.runners import OrtRunner  # noqa: E402
-from ivit_onnx.tvm_backend import prepare_for_tvm  # noqa: E402
-from ivit_onnx.tvm_backend.compile import fuse, import_relax, io_specs, make_target, relax_pipeline  # noqa: E402
-from ivit_onnx.tvm_backend.kernels import KERNEL_OPS  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 #: what may stay a function of its own beside the GEMMs: the row kernels and the class-token concat

@@ -12,7 +12,7 @@ from ivit_onnx.opset.reference import evaluator
 tvm = pytest.importorskip("tvm")
 pytest.importorskip("xgboost")
 pytest.importorskip("cloudpickle")
-from ivit_onnx.tvm_backend import compile_model  # noqa: E402
+from ivit_onnx.engines.tvm import compile_model  # noqa: E402
 
 pytestmark = [pytest.mark.tvm, pytest.mark.slow]
 

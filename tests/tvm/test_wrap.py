@@ -9,9 +9,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from ivit_onnx.engines.tvm import prepare_for_tvm
+from ivit_onnx.engines.tvm.wrap import rewrite_biased_shifts
 from ivit_onnx.opset._body import Body
-from ivit_onnx.tvm_backend import prepare_for_tvm
-from ivit_onnx.tvm_backend.wrap import rewrite_biased_shifts
 
 pytestmark = pytest.mark.tvm
 
@@ -38,7 +38,7 @@ def test_floor_shift_has_no_wrapping_arithmetic():
 @pytest.mark.parametrize("shift", [0, 1, 4, 31, 62])
 def test_biased_shift_bitexact_in_tvm(shift):
     pytest.importorskip("tvm")
-    from ivit_onnx.tvm_backend import compile_model
+    from ivit_onnx.engines.tvm import compile_model
 
     out = compile_model(_floor_shift_model(shift)).run([T])[0]
     np.testing.assert_array_equal(out, T >> shift)

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import onnx
 
-from ivit_onnx.tvm_backend.conv import rewrite_conv_integer
+from ivit_onnx.conv_gemm import rewrite_conv_integer
 
 
 def patch_gemm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with every eligible ConvInteger rewritten; returns it and how many were.
 
-    The rewrite is the TVM hand-off's (``tvm_backend.conv``, which needs onnx only), limited to patch
-    embeddings with a scalar weight zero point."""
+    The rewrite is the one both engines share (:mod:`ivit_onnx.conv_gemm`), limited to patch embeddings
+    with a scalar weight zero point."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out, rewrite_conv_integer(out, patches_only=True)

@@ -1,22 +1,36 @@
-"""Deterministic llvm GEMM schedules: int8 on AVX-512 VNNI (``vpdpbusd``), FP32 on 16-wide FMA, no tuning.
+"""Deterministic llvm GEMM schedules, no tuning: 8-bit GEMMs on AVX-512 VNNI (``vpdpbusd``) or AVX2
+(``vpmaddwd``), FP32 on 16-wide FMA.
 
 On llvm nothing schedules a GEMM unless meta-schedule tunes it (untuned: a serial triple loop). Before fusion,
-:func:`pack_gemms` rewrites matmuls into TE GEMMs over packed operands. A constant 2-D weight is packed at
-compile time: int8 x int8 becomes ``(a + 128) as uint8`` x int8 (``vpdpbusd`` multiplies uint8 by int8)
-minus the constant ``128 * colsum(W)`` (exact modulo 2**32, like every int32 GEMM), the weight laid out
-``[N/16, K/4, 16, 4]`` (the 64 bytes one ``vpdpbusd`` reads); FP32 ``[N/16, K, 16]``; an FP32 patch
-embedding (conv2d with stride = kernel) becomes such a GEMM. Attention matmuls (two activations, any 8-bit
-signedness) pack B at run time and pad M, N (and K for VNNI) with zeros to whole tiles, sliced back after,
-with row/column-sum fixes for the shifts. After fusion, :func:`schedule_gemms` tiles every GEMM (register
-tile of up to 4 rows x 64 columns, accumulators in registers, tiles in parallel), runs the fused epilogue
-per tile (whole rows where the GEMM was padded), and marks the function scheduled (tuning skips it).
-Leftover matmuls (N % 16 != 0 weights, no VNNI) get the same tiling vectorized over columns, lone integer
-sums a parallel loop, FP32 softmax/LayerNorm TVM's dlight CPU rule; in float models (no integer matmul)
-exp/erf/tanh become TVM's fast_* approximations (GELU's erf is a scalar libm call otherwise). Only llvm
-targets are touched.
+:func:`pack_gemms` rewrites matmuls into TE GEMMs over packed operands. An 8-bit GEMM runs on the target's dot
+product (:class:`Dot`, :func:`int8_dot`): one instruction adds ``group`` products into each of ``lanes`` int32
+sums, B laid out ``[N/lanes, K/group, lanes, group]`` (the values one instruction reads).
+
+- VNNI (16 x 4) multiplies uint8 by int8: int8 A becomes ``(a + 128) as uint8`` minus ``128 * colsum(B)``, a
+  uint8 activation B ``b - 128`` plus ``128 * rowsum(A)`` (exact modulo 2**32, like every int32 GEMM).
+- AVX2 (8 x 2) multiplies int16 pairs: both operands are widened to int16 (either signedness, no correction
+  term); the two 8-bit products of a pair sum to at most 2 * 255**2, exactly. Where the target has VNNI, LLVM
+  may fuse the multiply and its add into ``vpdpwssd`` (the same sums).
+- ``IVIT_TVM_VNNI=0`` in the environment (read by :func:`has_vnni` only) turns VNNI off: a VNNI machine then
+  runs, and tests, the AVX2 form.
+
+LLVM marks integer adds nsw (overflow undefined); no int32 value here can overflow while K < 33026 (a sum of K
+8-bit products). A constant 2-D weight is packed at compile time (FP32: ``[N/16, K, 16]``); an FP32 patch
+embedding (conv2d with stride = kernel) becomes such a GEMM. Attention matmuls (two activations) pack B at run
+time and pad M, N (and K to the group) with zeros to whole tiles, sliced back after. After fusion,
+:func:`schedule_gemms` tiles every GEMM (register tile of up to 4 rows x 64 columns, x 16 on AVX2's 16
+registers; accumulators in registers, tiles in parallel), runs the fused epilogue per tile (whole rows where
+the GEMM was padded), and marks the function scheduled (tuning skips it). Leftover matmuls (a weight whose N
+or K is not whole vectors or groups; targets without AVX2) get the same tiling vectorized over int32 columns,
+lone integer sums a parallel loop, FP32 softmax/LayerNorm TVM's dlight CPU rule; in float models (no integer
+matmul) exp/erf/tanh become TVM's fast_* approximations (GELU's erf is a scalar libm call otherwise). Only
+llvm targets are touched.
 """
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
@@ -28,68 +42,134 @@ from .relax_expr import bound, const_value, int32_sum, static_shape
 from .relax_expr import dtype as _dtype
 from .relax_expr import is_call as _is_call
 
-#: block names of the packed GEMMs emitted by :func:`pack_gemms`
-VNNI_BLOCK, F32_BLOCK = "ivit_vnni_gemm", "ivit_f32_gemm"
-#: TVM's legalized ``relax.matmul`` block (matmuls of two activations)
+#: environment variable: ``0`` turns VNNI off on every target (the integer GEMMs take the AVX2 form)
+VNNI_ENV = "IVIT_TVM_VNNI"
+#: block name of the packed FP32 GEMM emitted by :func:`pack_gemms`
+F32_BLOCK = "ivit_f32_gemm"
+#: TVM's legalized ``relax.matmul`` block (integer matmuls no dot product takes)
 MATMUL_BLOCK = "matmul"
-VNNI_INTRIN = "ivit_vnni_16x4_local"
-#: register tile: rows (from the last batch axis and M) x 16-column vectors
+#: register tile: rows (from the last batch axis and M) x column vectors (FP32 and leftover matmuls: 4 of 16)
 TILE_ROWS, TILE_VECTORS = 4, 4
 
 
-# TVM 0.27's own dot_16x4_vnni intrinsic does not build with its LLVM: llvm.x86.avx512.vpdpbusd.512 now takes
-# <64 x i8> operands ("Call parameter type does not match function signature!"); this one passes them so.
-# Its accumulator is a "local" buffer (the register tile), which the stock description (global) never matches.
-@T.prim_func(s_tir=True)
-def _vnni_desc(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
-               c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
-    with T.sblock("root"):
-        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-        T.writes(c[0:16])
-        for i in T.serial(0, 16):
-            for k in T.serial(0, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+@dataclass(frozen=True)
+class Dot:
+    """An 8-bit dot-product instruction: ``lanes`` int32 sums, each += ``group`` products of A (``a_dtype``)
+    and packed B (``b_dtype``); a register tile's row is ``vectors`` of them."""
+
+    name: str
+    lanes: int
+    group: int
+    a_dtype: str
+    b_dtype: str
+    vectors: int
+
+    @property
+    def block(self) -> str:
+        """The packed GEMM's block (and function) name."""
+        return f"ivit_{self.name}_gemm"
 
 
-@T.prim_func(s_tir=True)
-def _vnni_impl(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((16, 4), "int8", offset_factor=1),
-               c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
-    with T.sblock("root"):
-        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-        T.writes(c[0:16])
-        a_u8x64 = T.reinterpret(T.broadcast(T.reinterpret(a.vload([0], "uint8x4"), dtype="int32"), 16),
-                                dtype="uint8x64")
-        c[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), c.vload([0], dtype="int32x16"),
-            a_u8x64, b.vload([0, 0], dtype="int8x64"), dtype="int32x16")
+# 4 x 4 zmm accumulators (of 32); AVX2 has 16 ymm registers: 4 x 2 accumulators, B vectors, A broadcasts
+VNNI = Dot("vnni", 16, 4, "uint8", "int8", 4)
+AVX2 = Dot("avx2", 8, 2, "int16", "int16", 2)
+DOTS = {dot.block: dot for dot in (VNNI, AVX2)}
+VNNI_BLOCK = VNNI.block
 
 
-def _register_intrin() -> None:
+def _intrin(dot: Dot):
+    """(description, implementation) of one register-tile update: ``c[lanes] += a[group] . b[lanes, group]``.
+
+    TVM 0.27's own dot_16x4_vnni does not build with its LLVM: llvm.x86.avx512.vpdpbusd.512 takes
+    <64 x i8> operands ("Call parameter type does not match function signature!"); this one passes them so.
+    The accumulator is a "local" buffer (the register tile), which the stock description (global) never
+    matches."""
+    lanes, group, a_dtype, b_dtype = dot.lanes, dot.group, dot.a_dtype, dot.b_dtype
+    acc = f"int32x{lanes}"
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.Buffer((group,), a_dtype, offset_factor=1),
+             b: T.Buffer((lanes, group), b_dtype, offset_factor=1),
+             c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:lanes], a[0:group], b[0:lanes, 0:group])
+            T.writes(c[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, group):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+
+    if dot.name == "vnni":
+        @T.prim_func(s_tir=True)
+        def impl(a: T.Buffer((group,), a_dtype, offset_factor=1),
+                 b: T.Buffer((lanes, group), b_dtype, offset_factor=1),
+                 c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
+            with T.sblock("root"):
+                T.reads(c[0:lanes], a[0:group], b[0:lanes, 0:group])
+                T.writes(c[0:lanes])
+                a_u8x64 = T.reinterpret(
+                    T.broadcast(T.reinterpret(a.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64")
+                c[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), c.vload([0], dtype=acc),
+                    a_u8x64, b.vload([0, 0], dtype="int8x64"), dtype=acc)
+    else:  # vpmaddwd: A's pair (int16) broadcast; each lane adds its two products exactly
+        @T.prim_func(s_tir=True)
+        def impl(a: T.Buffer((group,), a_dtype, offset_factor=1),
+                 b: T.Buffer((lanes, group), b_dtype, offset_factor=1),
+                 c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
+            with T.sblock("root"):
+                T.reads(c[0:lanes], a[0:group], b[0:lanes, 0:group])
+                T.writes(c[0:lanes])
+                pair = T.reinterpret(a.vload([0], "int16x2"), dtype="int32")
+                c[T.ramp(T.int32(0), 1, lanes)] = c.vload([0], dtype=acc) + T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                    T.reinterpret(T.broadcast(pair, lanes), dtype="int16x16"),
+                    b.vload([0, 0], dtype="int16x16"), dtype=acc)
+
+    return desc, impl
+
+
+def _intrin_name(dot: Dot) -> str:
+    """The tensor intrinsic of ``dot`` (registered on first use)."""
+    name = f"ivit_{dot.name}_local"
     try:
-        s_tir.TensorIntrin.get(VNNI_INTRIN)
+        s_tir.TensorIntrin.get(name)
     except Exception:  # noqa: BLE001 - not registered yet
-        s_tir.TensorIntrin.register(VNNI_INTRIN, _vnni_desc, _vnni_impl)
+        s_tir.TensorIntrin.register(name, *_intrin(dot))
+    return name
 
 
-def has_vnni(target: tvm.target.Target) -> bool:
-    """Whether ``target`` is llvm for a CPU with AVX-512 VNNI."""
-    if target.kind.name != "llvm":
-        return False
+def _has_feature(target: tvm.target.Target, feature: str) -> bool:
     from tvm.target.codegen import target_has_features
 
     with target:
-        return bool(target_has_features("avx512vnni"))
+        return bool(target_has_features(feature))
+
+
+def has_vnni(target: tvm.target.Target) -> bool:
+    """Whether ``target`` is llvm for a CPU with AVX-512 VNNI, unless ``IVIT_TVM_VNNI=0`` turns VNNI off."""
+    if target.kind.name != "llvm" or os.environ.get(VNNI_ENV, "").strip() == "0":
+        return False
+    return _has_feature(target, "avx512vnni")
+
+
+def int8_dot(target: tvm.target.Target) -> Dot | None:
+    """The dot product of ``target``'s packed integer GEMMs: VNNI, else AVX2, else None (leftover tiling)."""
+    if has_vnni(target):
+        return VNNI
+    return AVX2 if target.kind.name == "llvm" and _has_feature(target, "avx2") else None
 
 
 # ---------------------------------------------------------------------------------------------- packing
 
 
-def pack_vnni(w: np.ndarray) -> np.ndarray:
-    """int8 ``[K, N]`` -> ``[N/16, K/4, 16, 4]``: element ``[n//16, k//4, n%16, k%4] = w[k, n]``."""
-    k, n = w.shape
-    return np.ascontiguousarray(w.T.reshape(n // 16, 16, k // 4, 4).transpose(0, 2, 1, 3))
+def pack_dot(w: np.ndarray, dot: Dot) -> np.ndarray:
+    """8-bit ``[K, N]`` -> ``dot.b_dtype`` ``[N/lanes, K/group, lanes, group]``: element
+    ``[n // lanes, k // group, n % lanes, k % group] = w[k, n]``."""
+    (k, n), lanes, group = w.shape, dot.lanes, dot.group
+    packed = w.astype(dot.b_dtype).T.reshape(n // lanes, lanes, k // group, group).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(packed)
 
 
 def pack_f32(w: np.ndarray) -> np.ndarray:
@@ -108,14 +188,16 @@ def _w_lead(i, w: te.Tensor, packed_dims: int) -> tuple:
     return tuple(i[:-2][len(i) - 2 - lead:]) if lead else ()
 
 
-def _vnni_te(a: te.Tensor, w: te.Tensor) -> te.Tensor:
+def _dot_te(a: te.Tensor, w: te.Tensor, lanes: int, group: int, name: str) -> te.Tensor:
+    """int32 GEMM of ``a`` and ``w`` packed for a dot product (:func:`pack_dot`)."""
     *lead, m, kdim = a.shape
     k = te.reduce_axis((0, kdim), name="k")
     return te.compute(
-        (*lead, m, w.shape[-4] * 16),
-        lambda *i: te.sum(a[(*i[:-1], k)].astype("int32") * w[(*_w_lead(i, w, 4), i[-1] // 16, k // 4,
-                                                               i[-1] % 16, k % 4)].astype("int32"), axis=k),
-        name=VNNI_BLOCK)
+        (*lead, m, w.shape[-4] * lanes),
+        lambda *i: te.sum(a[(*i[:-1], k)].astype("int32") * w[(*_w_lead(i, w, 4), i[-1] // lanes, k // group,
+                                                               i[-1] % lanes, k % group)].astype("int32"),
+                          axis=k),
+        name=name)
 
 
 def _f32_te(a: te.Tensor, w: te.Tensor, mp: int | None = None) -> te.Tensor:
@@ -135,32 +217,33 @@ def _f32_te(a: te.Tensor, w: te.Tensor, mp: int | None = None) -> te.Tensor:
         name=F32_BLOCK)
 
 
-def _u8_te(a: te.Tensor, mp: int, kp: int) -> te.Tensor:
-    """8-bit ``[..., M, K]`` -> uint8 ``[..., mp, kp]`` (int8 shifted by +128, uint8 as is), zero-padded."""
-    m, kdim, shift = a.shape[-2], a.shape[-1], 128 if a.dtype == "int8" else 0
+def _pad_te(a: te.Tensor, mp: int, kp: int, dtype: str, name: str) -> te.Tensor:
+    """8-bit ``[..., M, K]`` -> ``dtype`` ``[..., mp, kp]``, zero-padded (int8 to uint8 shifts by +128, int16
+    holds either as is)."""
+    m, kdim, shift = a.shape[-2], a.shape[-1], 128 if (a.dtype, dtype) == ("int8", "uint8") else 0
 
     def elem(*i):
         value = a[(*i[:-2], tvm.tirx.min(i[-2], m - 1), tvm.tirx.min(i[-1], kdim - 1))]
-        shifted = (value.astype("int32") + shift).astype("uint8")
+        shifted = (value.astype("int32") + shift).astype(dtype)
         inside = tvm.tirx.all(i[-2] < m, i[-1] < kdim)
-        return tvm.tirx.if_then_else(inside, shifted, tvm.tirx.const(0, "uint8"))
+        return tvm.tirx.if_then_else(inside, shifted, tvm.tirx.const(0, dtype))
 
-    return te.compute((*a.shape[:-2], mp, kp), elem, name="ivit_u8_shift")
+    return te.compute((*a.shape[:-2], mp, kp), elem, name=name)
 
 
-def _pack_vnni_te(b: te.Tensor, np_: int, kp: int) -> te.Tensor:
-    """8-bit ``[..., K, N]`` -> int8 ``[..., np_/16, kp/4, 16, 4]`` (uint8 shifted by -128), zero-padded: the
-    layout of :func:`pack_vnni`."""
+def _pack_dot_te(b: te.Tensor, np_: int, kp: int, lanes: int, group: int, dtype: str, name: str) -> te.Tensor:
+    """8-bit ``[..., K, N]`` -> ``dtype`` ``[..., np_/lanes, kp/group, lanes, group]`` (uint8 to int8 shifts
+    by -128), zero-padded: the layout of :func:`pack_dot`."""
     *lead, kdim, n = b.shape
-    shift = 128 if b.dtype == "uint8" else 0
+    shift = 128 if (b.dtype, dtype) == ("uint8", "int8") else 0
 
     def elem(*i):
-        kk, nn = i[-3] * 4 + i[-1], i[-4] * 16 + i[-2]
+        kk, nn = i[-3] * group + i[-1], i[-4] * lanes + i[-2]
         value = b[(*i[:-4], tvm.tirx.min(kk, kdim - 1), tvm.tirx.min(nn, n - 1))].astype("int32") - shift
-        return tvm.tirx.if_then_else(tvm.tirx.all(kk < kdim, nn < n), value.astype("int8"),
-                                     tvm.tirx.const(0, "int8"))
+        return tvm.tirx.if_then_else(tvm.tirx.all(kk < kdim, nn < n), value.astype(dtype),
+                                     tvm.tirx.const(0, dtype))
 
-    return te.compute((*lead, np_ // 16, kp // 4, 16, 4), elem, name="ivit_pack_vnni")
+    return te.compute((*lead, np_ // lanes, kp // group, lanes, group), elem, name=name)
 
 
 def _pack_f32_te(b: te.Tensor, np_: int) -> te.Tensor:
@@ -179,51 +262,65 @@ def _pack_f32_te(b: te.Tensor, np_: int) -> te.Tensor:
 class _GemmPacker(PyExprMutator):
     """Matmuls by constant 2-D weights -> packed TE GEMMs; FP32 patch-embedding convs -> such GEMMs."""
 
-    def __init__(self, mod: tvm.IRModule, vnni: bool):
+    def __init__(self, mod: tvm.IRModule, dot: Dot | None):
         super().__init__(mod)
-        self.vnni = vnni
+        self.dot = dot
         self.count = 0
         self.integer = False  # an integer matmul was seen: the integer model, which must stay exact
 
     def _const(self, expr) -> np.ndarray | None:
         return const_value(bound(self.lookup_binding, expr))
 
+    def _dot_gemm(self, a: relax.Expr, packed: relax.Expr) -> relax.Expr:
+        dot = self.dot
+        return self.builder_.emit_te(_dot_te, a, packed, dot.lanes, dot.group, dot.block,
+                                     primfunc_name_hint=dot.block)
+
     def gemm(self, a: relax.Expr, w: np.ndarray) -> relax.Expr | None:
         """``matmul(a, w)`` as a packed GEMM, or None where no packed form applies."""
-        kdim, n = w.shape
-        if n % 16 or a.ty.ndim < 2:
+        (kdim, n), dot = w.shape, self.dot
+        if a.ty.ndim < 2:
             return None
-        if _dtype(a) in ("int8", "uint8") and w.dtype == np.int8 and self.vnni and kdim % 4 == 0:
+        if (_dtype(a) in ("int8", "uint8") and w.dtype == np.int8 and dot is not None and n % dot.lanes == 0
+                and kdim % dot.group == 0):
             self.count += 1
-            packed = relax.const(pack_vnni(w))
-            if _dtype(a) == "uint8":
-                return self.builder_.emit_te(_vnni_te, a, packed, primfunc_name_hint=VNNI_BLOCK)
+            packed = relax.const(pack_dot(w, dot))
+            if _dtype(a) == dot.a_dtype:
+                return self._dot_gemm(a, packed)
+            if (_dtype(a), dot.a_dtype) != ("int8", "uint8"):  # widened (AVX2): exact
+                return self._dot_gemm(self.builder_.emit(relax.op.astype(a, dot.a_dtype)), packed)
             shifted = relax.op.add(relax.op.astype(a, "int32"), relax.const(128, "int32"))
-            a_u8 = self.builder_.emit(relax.op.astype(shifted, "uint8"))
-            out = self.builder_.emit_te(_vnni_te, a_u8, packed, primfunc_name_hint=VNNI_BLOCK)
+            out = self._dot_gemm(self.builder_.emit(relax.op.astype(shifted, "uint8")), packed)
             colsum = 128 * w.astype(np.int64).sum(axis=0)  # (a + 128).w = a.w + 128*colsum(w)
             return self.builder_.emit(relax.op.subtract(out, relax.const(colsum.astype(np.int32))))
-        if _dtype(a) == "float32" and w.dtype == np.float32:
+        if _dtype(a) == "float32" and w.dtype == np.float32 and n % 16 == 0:
             self.count += 1
             return self.builder_.emit_te(_f32_te, a, relax.const(pack_f32(w)), primfunc_name_hint=F32_BLOCK)
         return None
 
     def gemm_of_activations(self, a: relax.Expr, b: relax.Expr) -> relax.Expr | None:
         """``matmul(a, b)`` of two activations with the same batch shape (attention): ``b`` packed at run
-        time, both zero-padded (M to TILE_ROWS, N to 16, K to 4 for VNNI), the GEMM sliced back to M x N."""
+        time, both zero-padded (M to TILE_ROWS, N to 16, K to the dot product's group), the GEMM sliced back
+        to M x N."""
         ashape, bshape = static_shape(a), static_shape(b)
         if ashape is None or bshape is None or len(ashape) < 3 or ashape[:-2] != bshape[:-2]:
             return None
-        (m, kdim), n = ashape[-2:], bshape[-1]
+        (m, kdim), n, dot = ashape[-2:], bshape[-1], self.dot
         mp, np_ = _ceil(m, TILE_ROWS), _ceil(n, 16)  # padded: full register tiles (197 tokens is prime)
         emit, emit_te = self.builder_.emit, self.builder_.emit_te
-        if {_dtype(a), _dtype(b)} <= {"int8", "uint8"} and self.vnni:
-            # a.b = (a + sa).(b - sb) - sa*colsum(b) + sb*rowsum(a) + sa*sb*K; sa/sb = 128 for int8 a/uint8 b
-            kp = _ceil(kdim, 4)
-            a_u8 = emit_te(_u8_te, a, mp, kp, primfunc_name_hint="ivit_u8_shift")
-            packed = emit_te(_pack_vnni_te, b, np_, kp, primfunc_name_hint="ivit_pack_vnni")
-            out = emit_te(_vnni_te, a_u8, packed, primfunc_name_hint=VNNI_BLOCK)
-            sa, sb = 128 * (_dtype(a) == "int8"), 128 * (_dtype(b) == "uint8")
+        if {_dtype(a), _dtype(b)} <= {"int8", "uint8"} and dot is not None:
+            kp = _ceil(kdim, dot.group)
+            # a.b = (a + sa).(b - sb) - sa*colsum(b) + sb*rowsum(a) + sa*sb*K: sa = 128 for int8 a where the
+            # dot product takes uint8 (VNNI), sb = 128 for uint8 b where it takes int8
+            sa = 128 * ((_dtype(a), dot.a_dtype) == ("int8", "uint8"))
+            sb = 128 * ((_dtype(b), dot.b_dtype) == ("uint8", "int8"))
+            a_in, name = a, "ivit_u8_shift" if sa else "ivit_pad_a"
+            if (dot.a_dtype, mp, kp) != (_dtype(a), m, kdim):
+                a_in = emit_te(_pad_te, a, mp, kp, dot.a_dtype, name, primfunc_name_hint=name)
+            name = f"ivit_pack_{dot.name}"
+            packed = emit_te(_pack_dot_te, b, np_, kp, dot.lanes, dot.group, dot.b_dtype, name,
+                             primfunc_name_hint=name)
+            out = self._dot_gemm(a_in, packed)
             terms = []
             if sa:
                 terms.append(relax.op.multiply(int32_sum(b, -2), relax.const(-sa, "int32")))
@@ -292,12 +389,12 @@ class _GemmPacker(PyExprMutator):
 
 
 def pack_gemms(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModule, int]:
-    """Before fusion, for llvm: matmuls (and FP32 patch convs) as packed TE GEMMs, int8 ones on VNNI where
-    the CPU has it (module docstring); returns the module and how many were rewritten. Other targets:
-    unchanged, 0."""
+    """Before fusion, for llvm: matmuls (and FP32 patch convs) as packed TE GEMMs, 8-bit ones on the target's
+    dot product (:func:`int8_dot`, module docstring); returns the module and how many were rewritten. Other
+    targets: unchanged, 0."""
     if target.kind.name != "llvm":
         return mod, 0
-    packer = _GemmPacker(mod, has_vnni(target))
+    packer = _GemmPacker(mod, int8_dot(target))
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             packer.builder_.update_func(gv, packer.visit_expr(func))
@@ -338,10 +435,11 @@ def _root(sch):
 
 def _fuse_epilogue(sch, gemm) -> bool:
     """Inline every block but the GEMM and the output into its consumer; False if that is impossible
-    (a prologue before a VNNI GEMM, which must read its operands as they are; several outputs; a block that
-    is not elementwise). An FP32 GEMM's prologue (slicing its operand out of the QKV tensor) is inlined."""
+    (a prologue before a dot-product GEMM, which must read its operands as they are; several outputs; a
+    block that is not elementwise). An FP32 GEMM's prologue (slicing its operand out of the QKV tensor) is
+    inlined."""
     blocks = list(sch.get_child_blocks(_root(sch)))
-    if not sch.get(blocks[0]).same_as(sch.get(gemm)) and sch.get(gemm).name_hint == VNNI_BLOCK:
+    if not sch.get(blocks[0]).same_as(sch.get(gemm)) and sch.get(gemm).name_hint in DOTS:
         return False
     outputs = sch.get_output_blocks(_root(sch))
     if len(outputs) != 1:
@@ -361,14 +459,15 @@ def _extents(block) -> list[int]:
 
 def _schedule(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc | None:
     sch = s_tir.Schedule(func)
-    gemm = _block_named(sch, (VNNI_BLOCK, F32_BLOCK, MATMUL_BLOCK))
+    gemm = _block_named(sch, (*DOTS, F32_BLOCK, MATMUL_BLOCK))
     if gemm is None or not _fuse_epilogue(sch, gemm):
         return None
     block = sch.get(gemm)
     kind, written = block.name_hint, block.writes[0].source
+    dot = DOTS.get(kind)
     operands = [r.source for r in block.reads if not r.source.same_as(written)]
     # B is shared by every row (a weight) unless it has batch axes of its own
-    shared_b = len(operands[-1].shape) == {VNNI_BLOCK: 4, F32_BLOCK: 3}.get(kind, 2)
+    shared_b = len(operands[-1].shape) == (4 if dot else 3 if kind == F32_BLOCK else 2)
     output = sch.get_output_blocks(_root(sch))[0]
     epilogue = None if sch.get(output).same_as(block) else output
     writeback = sch.cache_write(gemm, 0, "local")
@@ -380,19 +479,20 @@ def _schedule(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc | None:
         return None
     *lead, m, n, k = loops
     n_ext, m_ext, k_ext = (int(sch.get(lp).extent) for lp in (n, m, k))
-    lanes = 16 if kind != MATMUL_BLOCK else _divisor(n_ext, 16)
-    if n_ext % lanes or (kind == VNNI_BLOCK and k_ext % 4):
+    lanes = dot.lanes if dot else 16 if kind == F32_BLOCK else _divisor(n_ext, 16)
+    if n_ext % lanes or (dot and k_ext % dot.group):
         return None
-    nj = _divisor(n_ext // lanes, TILE_VECTORS)
+    nj = _divisor(n_ext // lanes, dot.vectors if dot else TILE_VECTORS)
     n_o, n_j, n_v = sch.split(n, [None, nj, lanes])
-    if kind == VNNI_BLOCK:
-        k_o, k_i = sch.split(k, [None, 4])
+    if dot:
+        k_o, k_i = sch.split(k, [None, dot.group])
         sch.reorder(m, n_o, k_o, n_j, n_v, k_i)
         body = sch.blockize(n_v)
     else:
         k_o = k
         sch.reorder(m, n_o, k_o, n_j, n_v)
-        sch.vectorize(n_v)
+        if lanes > 1:  # (a leftover matmul with N prime has scalar columns)
+            sch.vectorize(n_v)
         body = gemm
     tb, tm = _row_tile(sch, [*lead, m, n, k], m_ext, shared_b)
     m_o, m_i = sch.split(m, [None, tm])
@@ -414,15 +514,13 @@ def _schedule(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc | None:
     init = sch.decompose_reduction(body, k_o)
     for lp in (*rows, n_j):
         sch.unroll(lp)
-    if kind == VNNI_BLOCK:
-        _register_intrin()
-        sch.tensorize(body, VNNI_INTRIN)
-        sch.vectorize(sch.get_loops(sch.get_child_blocks(init)[0])[-1])
-    else:
+    if dot:
+        sch.tensorize(body, _intrin_name(dot))
+        init = sch.get_child_blocks(init)[0]
+    if lanes > 1:  # (else a 1-row tile of scalar columns has no loop of its own left)
         sch.vectorize(sch.get_loops(init)[-1])
-    wb_loops = sch.get_loops(writeback)
-    _, vec = sch.split(wb_loops[-1], [None, lanes])
-    sch.vectorize(vec)
+        _, vec = sch.split(sch.get_loops(writeback)[-1], [None, lanes])
+        sch.vectorize(vec)
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
@@ -491,5 +589,5 @@ def llvm_asm(executable) -> str:
     return "".join(m.inspect_source("asm") for m in mod.imports if m.kind == "llvm")
 
 
-__all__ = ["VNNI_BLOCK", "F32_BLOCK", "has_vnni", "llvm_asm", "pack_f32", "pack_gemms", "pack_vnni",
-           "schedule_gemms"]
+__all__ = ["AVX2", "F32_BLOCK", "VNNI", "VNNI_BLOCK", "VNNI_ENV", "Dot", "has_vnni", "int8_dot",
+           "llvm_asm", "pack_dot", "pack_f32", "pack_gemms", "schedule_gemms"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from ...opset import shift_exp as ref_exp
+from ivit_onnx.opset import shift_exp as ref_exp
+
 from .arith import (
     I32,
     RECIP_M,

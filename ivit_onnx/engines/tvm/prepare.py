@@ -7,9 +7,10 @@ import onnx
 import onnx.inliner
 from onnx import helper, numpy_helper
 
-from ..opset import DOMAIN
-from ..opset.functions import attach_functions, used_ops
-from .conv import rewrite_conv_integer
+from ivit_onnx.conv_gemm import rewrite_conv_integer
+from ivit_onnx.opset import DOMAIN
+from ivit_onnx.opset.functions import attach_functions, used_ops
+
 from .wrap import rewrite_biased_shifts, unsigned_arithmetic
 
 #: domains TVM's frontend knows; it ignores the domain of every other node and maps it by op_type

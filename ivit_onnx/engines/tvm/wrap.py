@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .onnx_nodes import node_attrs
+from ivit_onnx.graph import node_attrs
 
 TOP = np.uint64(1 << 63)
 _WRAPPING = ("Add", "Sub", "Mul")

@@ -1,4 +1,5 @@
-"""Rewrite ConvInteger, which TVM's ONNX frontend lacks, into ops it imports exactly.
+"""ConvInteger as a GEMM, shared by both engines: TVM's ONNX frontend has no ConvInteger, and onnxruntime's
+runs a patch embedding several times slower than the same sums as a MatMulInteger.
 
 Patch embeddings (2-D, stride == kernel, no padding, no dilation, one group, constant weights) become
 Reshape/Transpose + MatMulInteger, keeping the operands 8-bit; any other ConvInteger becomes an int32
@@ -11,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .onnx_nodes import node_attrs
+from ivit_onnx.graph import node_attrs
 
 
 class _Emitter:
@@ -102,7 +103,8 @@ def rewrite_conv_integer(model: onnx.ModelProto, patches_only: bool = False) -> 
     """Replace every top-level ConvInteger in place; returns how many were rewritten.
 
     ``patches_only`` rewrites just the patch embeddings with a scalar weight zero point, whose form is
-    standard ONNX that onnxruntime runs too (:mod:`ivit_onnx.patch_gemm`), and leaves the others."""
+    standard ONNX that onnxruntime runs too (:mod:`ivit_onnx.engines.onnxruntime.patch_gemm`), and leaves
+    the others."""
     graph = model.graph
     if not any(n.op_type == "ConvInteger" for n in graph.node):
         return 0

@@ -18,7 +18,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ...opset import OPS
+from ivit_onnx.opset import OPS
+
 from ..relax_expr import const_value, int32_sum
 from ..relax_expr import dtype as _dtype
 from . import arith, elementwise, layout, rows
