@@ -11,14 +11,31 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "intmath.h"
 #include "kernels.h"
 #include "parallel.h"
+
+// An explicit AVX2 path for the rescale of Requantize (f the identity; also fused with its table) and IAdd,
+// chosen at run time on CPUs with AVX2 but without AVX-512 (there the v4 clones run as before). AVX2 has no
+// 64-bit multiply or 64-bit arithmetic shift, which makes the compiler's vectorization of the int64 loops slow;
+// with inputs of at most 32 bits and 32-bit multipliers (-2**31 <= b < 2**31) x * b is one exact vpmuldq (two
+// for IAdd's wider ones, |m| < 2**62: see mul4), and the floor shift is a logical one on the sign-flipped sum
+// (see flip_h). Off with -DIVIT_NO_CLONES, and at run time with IVIT_NO_AVX2=1.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(IVIT_NO_CLONES)
+#define IVIT_AVX2_PATH 1
+#define IVIT_AVX2 __attribute__((target("avx2")))
+#include <immintrin.h>
+#else
+#define IVIT_AVX2_PATH 0
+#endif
 
 namespace {
 
@@ -117,6 +134,212 @@ bool with_types(int ti, int to, F f) {
 #define IVIT_CLONES
 #endif
 
+// Whether the AVX2 loops run (cached): an x86-64 CPU with AVX2 and without AVX-512F, unless IVIT_NO_AVX2 is
+// set to anything but "" or "0".
+inline bool avx2_path() {
+#if IVIT_AVX2_PATH
+  static const bool on = [] {
+    __builtin_cpu_init();
+    const char* off = std::getenv("IVIT_NO_AVX2");
+    return __builtin_cpu_supports("avx2") && !__builtin_cpu_supports("avx512f") &&
+           !(off && *off && std::strcmp(off, "0") != 0);
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
+
+// f(v) = v: the rescale f of Requantize, a type of its own so that the AVX2 path can tell it at compile time.
+struct Identity {
+  i64 operator()(i64 v) const { return v; }
+};
+
+// The AVX2 rescale computes clip(((t + h) >> c) + zy, lo, hi) for 0 <= c <= 63 as
+// clip(((t + (h ^ 2**63)) >>> c) + (zy - 2**(63 - c)), lo, hi) (>>> logical; + and - wrap around): flipping
+// the sign bit adds 2**63 mod 2**64, so the unsigned value shifted is t + h + 2**63 exactly, its floor
+// quotient is floor((t + h) / 2**c) + 2**(63 - c) (2**c divides 2**63), and the constant takes it off again.
+inline bool fits_i32(i64 m) { return m >= INT32_MIN && m <= INT32_MAX; }
+inline i64 flip_h(i64 h) { return static_cast<i64>(static_cast<u64>(h) ^ (u64(1) << 63)); }
+inline i64 shifted_zy(i64 zy, i64 c) { return static_cast<i64>(static_cast<u64>(zy) - (u64(1) << (63 - c))); }
+
+// flip_h(h) and shifted_zy(zy, c) at a channel for the AVX2 loops, or nulls: the generic loops
+struct Biased {
+  const i64* h = nullptr;
+  const i64* z = nullptr;
+};
+
+// Those of every channel of a Requantize, when its AVX2 loops apply: the CPU (avx2_path), every
+// multiplier in int32 and every shift in 0..62.
+struct FastRescale {
+  std::vector<i64> h, z;
+  bool on = false;
+  FastRescale(const i64* b, const i64* half, const i64* c, i64 n, i64 zy) {
+    if (!avx2_path()) return;
+    for (i64 k = 0; k < n; ++k)
+      if (!fits_i32(b[k]) || c[k] < 0 || c[k] > 62) return;
+    h.resize(n);
+    z.resize(n);
+    for (i64 k = 0; k < n; ++k) {
+      h[k] = flip_h(half[k]);
+      z[k] = shifted_zy(zy, c[k]);
+    }
+    on = true;
+  }
+  Biased at(i64 ch) const { return on ? Biased{h.data() + ch, z.data() + ch} : Biased{}; }
+};
+
+#if IVIT_AVX2_PATH
+// 4 elements of an int8..int32 array as int64
+template <class T>
+IVIT_AVX2 inline __m256i widen4(const T* p) {
+  if constexpr (sizeof(T) == 4) {
+    return _mm256_cvtepi32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else if constexpr (sizeof(T) == 2) {
+    return _mm256_cvtepi16_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    if constexpr (std::is_signed_v<T>)
+      return _mm256_cvtepi8_epi64(_mm_cvtsi32_si128(v));
+    else
+      return _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(v));
+  }
+}
+
+IVIT_AVX2 inline __m256i load4(const i64* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// clip(y, lo, hi) as Rescale's: lo where y < lo, else hi where y > hi (also when lo > hi)
+IVIT_AVX2 inline __m256i clip4(__m256i y, __m256i lo, __m256i hi) {
+  const __m256i below = _mm256_cmpgt_epi64(lo, y), above = _mm256_cmpgt_epi64(y, hi);
+  return _mm256_blendv_epi8(_mm256_blendv_epi8(y, hi, above), lo, below);
+}
+
+// The rescale's parameters: one for all lanes (Uniform) or one per element (PerElement: arrays along x);
+// h is flip_h(h) and z shifted_zy(zy, c).
+struct Uniform {
+  __m256i b, h, z;
+  __m128i c;
+};
+struct PerElement {
+  const i64 *b, *h, *c, *z;
+};
+
+// ((x * b + h) >>> c) + z of the 4 elements at i (x: int32 lanes, sign-extended; b: int32)
+IVIT_AVX2 inline __m256i rescale4(__m256i x, const Uniform& p, i64) {
+  return _mm256_add_epi64(_mm256_srl_epi64(_mm256_add_epi64(_mm256_mul_epi32(x, p.b), p.h), p.c), p.z);
+}
+IVIT_AVX2 inline __m256i rescale4(__m256i x, const PerElement& p, i64 i) {
+  const __m256i t = _mm256_add_epi64(_mm256_mul_epi32(x, load4(p.b + i)), load4(p.h + i));
+  return _mm256_add_epi64(_mm256_srlv_epi64(t, load4(p.c + i)), load4(p.z + i));
+}
+
+// [a0, a1, b0, b1 | a2, a3, b2, b3]: the low halves (int32) of the int64 lanes of a and b
+IVIT_AVX2 inline __m256i low32(__m256i a, __m256i b) {
+  return _mm256_castps_si256(
+      _mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), _MM_SHUFFLE(2, 0, 2, 0)));
+}
+
+// y[0..16) = static_cast<TO>(e), w01 = [e0 e1 e4 e5 | e2 e3 e6 e7] and w23 the same of e8..e15 (int32, as
+// low32 pairs them), truncating as the scalar cast does
+template <class TO>
+IVIT_AVX2 inline void store16(TO* y, __m256i w01, __m256i w23) {
+  if constexpr (sizeof(TO) == 4) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm256_permute4x64_epi64(w01, _MM_SHUFFLE(3, 1, 2, 0)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 8), _mm256_permute4x64_epi64(w23, _MM_SHUFFLE(3, 1, 2, 0)));
+  } else {
+    // the low 8 or 16 bits, zero-extended, so that the unsigned saturating packs keep them as they are
+    const __m256i mask = _mm256_set1_epi32(sizeof(TO) == 2 ? 0xFFFF : 0xFF);
+    // words e0 e1 e4 e5 e8 e9 e12 e13 | e2 e3 e6 e7 e10 e11 e14 e15
+    const __m256i p = _mm256_packus_epi32(_mm256_and_si256(w01, mask), _mm256_and_si256(w23, mask));
+    if constexpr (sizeof(TO) == 2) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y),
+                          _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    } else {
+      const __m256i q = _mm256_packus_epi16(p, p);  // the same order, in bytes, in each half's low 8
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y),
+                       _mm_unpacklo_epi16(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
+    }
+  }
+}
+
+// y = clip(rescale4(x), lo, hi) over the first multiple of 16 of len, or with a table (tab: int32,
+// tab[k] = static_cast<int32_t>(table[k]); lo <= hi) y = tab[that - lo]; returns how many it did.
+template <class TI, class TO, class P>
+IVIT_AVX2 i64 rescale_avx2(const TI* __restrict x, TO* __restrict y, i64 len, const P& p, i64 lo, i64 hi,
+                           const int32_t* __restrict tab) {
+  const __m256i vlo = _mm256_set1_epi64x(lo), vhi = _mm256_set1_epi64x(hi);
+  const __m256i tlo = _mm256_set1_epi32(static_cast<int32_t>(lo));  // the indices, in [0, hi - lo], fit int32
+  i64 j = 0;
+  for (; j + 16 <= len; j += 16) {
+    __m256i v[4];
+    for (int k = 0; k < 4; ++k) v[k] = clip4(rescale4(widen4(x + j + 4 * k), p, j + 4 * k), vlo, vhi);
+    __m256i w01 = low32(v[0], v[1]), w23 = low32(v[2], v[3]);
+    if (tab) {
+      w01 = _mm256_i32gather_epi32(tab, _mm256_sub_epi32(w01, tlo), 4);
+      w23 = _mm256_i32gather_epi32(tab, _mm256_sub_epi32(w23, tlo), 4);
+    }
+    store16(y + j, w01, w23);
+  }
+  return j;
+}
+
+// rescale_run with f the identity, |b| < 2**31, hf = flip_h(h), zs = shifted_zy(zy, c), 0 <= c <= 63
+template <class TI, class TO>
+IVIT_AVX2 i64 rescale_run_avx2(const TI* x, TO* y, i64 len, i64 b, i64 hf, i64 c, i64 zs, i64 lo, i64 hi,
+                               const int32_t* tab = nullptr) {
+  const Uniform p{_mm256_set1_epi64x(b), _mm256_set1_epi64x(hf), _mm256_set1_epi64x(zs), _mm_cvtsi64_si128(c)};
+  return rescale_avx2(x, y, len, p, lo, hi, tab);
+}
+
+// rescale_row likewise: b, hf, c, zs per element
+template <class TI, class TO>
+IVIT_AVX2 i64 rescale_row_avx2(const TI* x, TO* y, i64 len, const i64* b, const i64* hf, const i64* c,
+                               const i64* zs, i64 lo, i64 hi, const int32_t* tab = nullptr) {
+  return rescale_avx2(x, y, len, PerElement{b, hf, c, zs}, lo, hi, tab);
+}
+
+// x * m (mod 2**64) of int32 lanes x: one signed 32 x 32-bit multiply where m is an int32 (WIDE false); else,
+// for -2**62 <= m < 2**62, x * (m & (2**31 - 1)) + (x * (m >> 31)) * 2**31, both multipliers int32 (and the
+// products exact: m = (m >> 31) * 2**31 + (m & (2**31 - 1)) with `>>` floor)
+struct Mul {
+  __m256i lo, hi;
+};
+template <bool WIDE>
+IVIT_AVX2 inline Mul mul_of(i64 m) {
+  if constexpr (WIDE) return Mul{_mm256_set1_epi64x(m & INT32_MAX), _mm256_set1_epi64x(m >> 31)};
+  return Mul{_mm256_set1_epi64x(m), _mm256_setzero_si256()};
+}
+template <bool WIDE>
+IVIT_AVX2 inline __m256i mul4(__m256i x, const Mul& m) {
+  if constexpr (WIDE)
+    return _mm256_add_epi64(_mm256_mul_epi32(x, m.lo), _mm256_slli_epi64(_mm256_mul_epi32(x, m.hi), 31));
+  return _mm256_mul_epi32(x, m.lo);
+}
+
+// iadd_run with ma, mb as mul_of takes them, hf = flip_h(h - za * ma - zb * mb), zs = shifted_zy(zy, c): the
+// same int64 as (a - za) * ma + (b - zb) * mb + h in wrap-around arithmetic
+template <bool WIDE, class TA, class TB, class TO>
+IVIT_AVX2 i64 iadd_run_avx2(const TA* __restrict a, const TB* __restrict b, TO* __restrict y, i64 len, i64 ma,
+                            i64 mb, i64 hf, i64 c, i64 zs, i64 lo, i64 hi) {
+  const Mul va = mul_of<WIDE>(ma), vb = mul_of<WIDE>(mb);
+  const __m256i vh = _mm256_set1_epi64x(hf), vz = _mm256_set1_epi64x(zs);
+  const __m256i vlo = _mm256_set1_epi64x(lo), vhi = _mm256_set1_epi64x(hi);
+  const __m128i vc = _mm_cvtsi64_si128(c);
+  i64 j = 0;
+  for (; j + 16 <= len; j += 16) {
+    __m256i v[4];
+    for (int k = 0; k < 4; ++k) {
+      const i64 i = j + 4 * k;
+      const __m256i t = _mm256_add_epi64(mul4<WIDE>(widen4(a + i), va), mul4<WIDE>(widen4(b + i), vb));
+      v[k] = clip4(_mm256_add_epi64(_mm256_srl_epi64(_mm256_add_epi64(t, vh), vc), vz), vlo, vhi);
+    }
+    store16(y + j, low32(v[0], v[1]), low32(v[2], v[3]));
+  }
+  return j;
+}
+#endif
+
 // max and min of n integers
 template <class T>
 IVIT_CLONES void min_max(const T* __restrict x, i64 n, i64& lo, i64& hi) {
@@ -155,19 +378,68 @@ IVIT_CLONES void rescale_row(const TI* __restrict x, TO* __restrict y, i64 len, 
   for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(rs(f(static_cast<i64>(x[j])) * b[j], h[j], c[j]));
 }
 
+// rescale_run, through the AVX2 loop where it applies (f the identity, fast.h set): the same values
+template <class TI, class TO, class F>
+void rescale_span(const TI* x, TO* y, i64 len, F f, i64 b, i64 h, i64 c, Rescale rs, [[maybe_unused]] Biased fast) {
+#if IVIT_AVX2_PATH
+  if constexpr (std::is_same_v<F, Identity>) {
+    if (fast.h) {
+      const i64 done = rescale_run_avx2(x, y, len, b, *fast.h, c, *fast.z, rs.lo, rs.hi);
+      x += done;
+      y += done;
+      len -= done;
+    }
+  }
+#endif
+  if (len > 0) rescale_run(x, y, len, f, b, h, c, rs);
+}
+
+// rescale_row likewise (fast.h, fast.z: per element, as b, h and c)
+template <class TI, class TO, class F>
+void rescale_row_span(const TI* x, TO* y, i64 len, F f, const i64* b, const i64* h, const i64* c, Rescale rs,
+                      [[maybe_unused]] Biased fast) {
+  i64 done = 0;
+#if IVIT_AVX2_PATH
+  if constexpr (std::is_same_v<F, Identity>) {
+    if (fast.h) done = rescale_row_avx2(x, y, len, b, fast.h, c, fast.z, rs.lo, rs.hi);
+  }
+#endif
+  if (done < len) rescale_row(x + done, y + done, len - done, f, b + done, h + done, c + done, rs);
+}
+
 // y = tab[v - lo] for the rescaled values v of rescale_run (ch_step 0: one channel, b/h/c point at it) or
-// rescale_row (ch_step 1), a block at a time: the rescale vectorizes, the table lookups cannot.
+// rescale_row (ch_step 1), a block at a time: the rescale vectorizes, the table lookups do not. With fast.h
+// and `wide` (the table as int32, wide[k] = tab[k]; lo <= hi), the AVX2 loop does both, the lookups as gathers.
 template <class TI, class TO, class TT, class F>
 void rescale_lookup(const TI* x, TO* __restrict y, i64 len, F f, const i64* b, const i64* h, const i64* c,
-                    int ch_step, Rescale rs, const TT* __restrict tab) {
+                    int ch_step, Rescale rs, const TT* __restrict tab, Biased fast = {},
+                    [[maybe_unused]] const int32_t* wide = nullptr) {
+#if IVIT_AVX2_PATH
+  if constexpr (std::is_same_v<F, Identity> && sizeof(TO) <= 4) {
+    if (fast.h && wide) {
+      const i64 done = ch_step ? rescale_row_avx2(x, y, len, b, fast.h, c, fast.z, rs.lo, rs.hi, wide)
+                               : rescale_run_avx2(x, y, len, *b, *fast.h, *c, *fast.z, rs.lo, rs.hi, wide);
+      x += done;
+      y += done;
+      len -= done;
+      if (ch_step) {
+        b += done;
+        h += done;
+        c += done;
+        fast = Biased{fast.h + done, fast.z + done};
+      }
+    }
+  }
+#endif
   constexpr i64 BLOCK = 512;
   int32_t v[BLOCK];  // in [lo, hi], inside the int8..int32 type of the Requantize output
   for (i64 k = 0; k < len; k += BLOCK) {
     const i64 m = std::min(BLOCK, len - k);
     if (ch_step)
-      rescale_row(x + k, v, m, f, b + k, h + k, c + k, rs);
+      rescale_row_span(x + k, v, m, f, b + k, h + k, c + k, rs,
+                       fast.h ? Biased{fast.h + k, fast.z + k} : Biased{});
     else
-      rescale_run(x + k, v, m, f, *b, *h, *c, rs);
+      rescale_span(x + k, v, m, f, *b, *h, *c, rs, fast);
     for (i64 j = 0; j < m; ++j) y[k + j] = static_cast<TO>(tab[v[j] - rs.lo]);
   }
 }
@@ -177,6 +449,34 @@ IVIT_CLONES void iadd_run(const TA* __restrict a, const TB* __restrict b, TO* __
               i64 ma, i64 mb, i64 h, i64 c, Rescale rs) {
   for (i64 j = 0; j < len; ++j)
     y[j] = static_cast<TO>(rs((static_cast<i64>(a[j]) - za) * ma + (static_cast<i64>(b[j]) - zb) * mb, h, c));
+}
+
+// The AVX2 loop of an IAdd: where it applies (the CPU, -2**62 <= ma, mb < 2**62, 0 <= c <= 62), whether it
+// needs the wide multiplies, and its flip_h(h - za * ma - zb * mb), shifted_zy(zy, c).
+struct FastIAdd {
+  bool on = false, wide = false;
+  i64 h = 0, z = 0;
+  FastIAdd(i64 za, i64 zb, i64 ma, i64 mb, i64 h_, i64 c, i64 zy) {
+    auto ok = [](i64 m) { return m >= -(i64(1) << 62) && m < (i64(1) << 62); };
+    if (!avx2_path() || !ok(ma) || !ok(mb) || c < 0 || c > 62) return;
+    on = true;
+    wide = !fits_i32(ma) || !fits_i32(mb);
+    h = flip_h(h_ - za * ma - zb * mb);
+    z = shifted_zy(zy, c);
+  }
+};
+
+// iadd_run, through the AVX2 loop where it applies
+template <class TA, class TB, class TO>
+void iadd_span(const TA* a, const TB* b, TO* y, i64 len, i64 za, i64 zb, i64 ma, i64 mb, i64 h, i64 c, Rescale rs,
+               [[maybe_unused]] const FastIAdd& fast) {
+  i64 done = 0;
+#if IVIT_AVX2_PATH
+  if (fast.on)
+    done = fast.wide ? iadd_run_avx2<true>(a, b, y, len, ma, mb, fast.h, c, fast.z, rs.lo, rs.hi)
+                     : iadd_run_avx2<false>(a, b, y, len, ma, mb, fast.h, c, fast.z, rs.lo, rs.hi);
+#endif
+  if (done < len) iadd_run(a + done, b + done, y + done, len - done, za, zb, ma, mb, h, c, rs);
 }
 
 // e = exp_of(max - x) over a row, and its sum
@@ -239,26 +539,39 @@ int rescale_each(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64*
   for (i64 k = 0; offset && k < nc; ++k) half[k] += offset[k];
   const i64* h = half.data();
   const Rescale rs{zy, qmin, qmax};
+  const FastRescale fast(b, h, c, nc, zy);  // used where f is the identity
   return with_types(ti, to, [&](auto ti_, auto to_) {
     using TI = decltype(ti_);
     using TO = decltype(to_);
     const TI* xs = as<TI>(x);
     TO* ys = static_cast<TO*>(y);
     const TO* tab = as<TO>(table);
-    setup(xs, outer * nc * inner, [&](auto f) {
+    // the table as int32 for the AVX2 lookups (gathers), where it pays for its copy
+    const i64 total = outer * nc * inner, entries = qmax - qmin + 1;
+    std::vector<int32_t> copy;
+    const int32_t* wide = nullptr;
+    if (tab && fast.on && qmin <= qmax && entries <= INT32_MAX) {  // gather indices are int32
+      if constexpr (std::is_same_v<TO, int32_t>) {
+        wide = tab;
+      } else if (entries <= std::max<i64>(total / 4, 4096)) {
+        copy.assign(tab, tab + entries);
+        wide = copy.data();
+      }
+    }
+    setup(xs, total, [&](auto f) {
       channel_segments(
           outer, nc, inner, threads,
           [&](i64 i, i64 len, i64 ch) {
             if (tab)
-              rescale_lookup(xs + i, ys + i, len, f, b + ch, h + ch, c + ch, 0, rs, tab);
+              rescale_lookup(xs + i, ys + i, len, f, b + ch, h + ch, c + ch, 0, rs, tab, fast.at(ch), wide);
             else
-              rescale_run(xs + i, ys + i, len, f, b[ch], h[ch], c[ch], rs);
+              rescale_span(xs + i, ys + i, len, f, b[ch], h[ch], c[ch], rs, fast.at(ch));
           },
           [&](i64 i) {
             if (tab)
-              rescale_lookup(xs + i, ys + i, nc, f, b, h, c, 1, rs, tab);
+              rescale_lookup(xs + i, ys + i, nc, f, b, h, c, 1, rs, tab, fast.at(0), wide);
             else
-              rescale_row(xs + i, ys + i, nc, f, b, h, c, rs);
+              rescale_row_span(xs + i, ys + i, nc, f, b, h, c, rs, fast.at(0));
           });
     });
   }) ? 0 : 1;
@@ -320,7 +633,7 @@ int ivit_requantize_table(const void* x, int ti, i64 outer, i64 nc, i64 inner, c
   std::vector<i64> offset(nc);
   for (i64 k = 0; k < nc; ++k) offset[k] = -(zx[k] * b[k]);
   return rescale_each(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to, threads,
-                      [&](const auto*, i64, auto run) { run([](i64 v) { return v; }); }, offset.data(), table);
+                      [&](const auto*, i64, auto run) { run(Identity{}); }, offset.data(), table);
 }
 
 int ivit_requantize_pc(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* zx, const i64* b,
@@ -341,6 +654,7 @@ int ivit_iadd(const void* a, int ta, const void* b, int tb, i64 n, i64 nb, i64 z
   bool ok = false;
   const Rescale rs{zy, qmin, qmax};
   const i64 h = (i64(1) << c) >> 1;
+  const FastIAdd fast(za, zb, ma, mb, h, c, zy);
   with_types(ta, tb, [&](auto ta_, auto tb_) {
     using TA = decltype(ta_);
     using TB = decltype(tb_);
@@ -351,12 +665,12 @@ int ivit_iadd(const void* a, int ta, const void* b, int tb, i64 n, i64 nb, i64 z
       TO* ys = static_cast<TO*>(y);
       if (nb == n) {
         parallel_for(n, threads, GRAIN, [&](i64 lo, i64 hi) {
-          iadd_run(as_ + lo, bs + lo, ys + lo, hi - lo, za, zb, ma, mb, h, c, rs);
+          iadd_span(as_ + lo, bs + lo, ys + lo, hi - lo, za, zb, ma, mb, h, c, rs, fast);
         });
         return;
       }
       parallel_for(n / nb, threads, std::max<i64>(1, GRAIN / nb), [&](i64 lo, i64 hi) {
-        for (i64 r = lo; r < hi; ++r) iadd_run(as_ + r * nb, bs, ys + r * nb, nb, za, zb, ma, mb, h, c, rs);
+        for (i64 r = lo; r < hi; ++r) iadd_span(as_ + r * nb, bs, ys + r * nb, nb, za, zb, ma, mb, h, c, rs, fast);
       });
     });
   });
@@ -387,6 +701,7 @@ int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i
                              int threads) {
   const i64 nq = qmax - qmin + 1, h = ((i64(1) << c) >> 1) - zx * b;
   const Rescale index{zy - qmin, 0, nq - 1};  // the table index, clip(...) - qmin
+  const FastRescale fast_v(&b, &h, &c, 1, zy), fast_k(&b, &h, &c, 1, index.zy);  // AVX2: values, indices
   constexpr i64 MAX_ROWS_OF_E = 1024;  // E takes nq * nq int64s: 8 MiB at most
   const bool sorted = nq <= MAX_ROWS_OF_E && std::is_sorted(table, table + nq);
   const Exp exp(x0, n);
@@ -413,8 +728,8 @@ int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i
     TO* ys = static_cast<TO*>(y);
     if (!sorted) {
       shiftmax_rows(rows, len, span, x0, n, bits, y_zp, ys, threads, [&](i64 r, i64* buf) {
-        rescale_lookup(xs + r * len, buf, len, [](i64 v) { return v; }, &b, &h, &c, 0, Rescale{zy, qmin, qmax},
-                       table);
+        rescale_lookup(xs + r * len, buf, len, Identity{}, &b, &h, &c, 0, Rescale{zy, qmin, qmax}, table,
+                       fast_v.at(0));
         return static_cast<const i64*>(buf);
       });
       return;
@@ -424,7 +739,7 @@ int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i
       std::vector<int32_t> k(len);
       std::vector<i64> e(len);
       for (i64 r = r0; r < r1; ++r) {
-        rescale_run(xs + r * len, k.data(), len, [](i64 v) { return v; }, b, h, c, index);
+        rescale_span(xs + r * len, k.data(), len, Identity{}, b, h, c, index, fast_k.at(0));
         i64 lo, km;
         min_max(k.data(), len, lo, km);
         const i64 sum = gather_sum(k.data(), e.data(), len, e_row(km));
@@ -490,6 +805,9 @@ int ivit_ilayernorm(const void* x, int ti, i64 rows, i64 len, const i64* b, cons
     });
   }) ? 0 : 1;
 }
+
+// 1 where the AVX2 rescale loops run on this CPU (avx2_path), else 0: for the tests.
+int ivit_rescale_avx2() { return avx2_path() ? 1 : 0; }
 
 // r[k] = isqrt(v[k]) of intmath.h (the exact integer square root ILayerNorm uses), for the tests.
 int ivit_isqrt(const int64_t* v, int64_t* r, int64_t n) {

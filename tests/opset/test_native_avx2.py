@@ -1,17 +1,17 @@
-"""The AVX2 loops of the native rescale (``opset/native/kernels.cpp``: rescale_run_avx2, rescale_row_avx2,
-iadd_run_avx2) equal the numpy references bit for bit, at the edges of where they apply.
+"""The AVX2 loops of the native rescale (``opset/native/kernels.cpp``: rescale_avx2, iadd_run_avx2) equal the
+numpy references bit for bit, at the edges of where they apply.
 
 They run on x86-64 CPUs with AVX2 and without AVX-512F (``ivit_rescale_avx2`` says whether they do here)
-for Requantize and its fused forms (RequantizeTable, RequantizeShiftmax) and IAdd, wherever every
-multiplier is an int32 and every shift in 0..62: x * b is then one signed 32 x 32 -> 64-bit multiply and
-the floor shift a logical one. The cases: int32 inputs at INT32_MIN/MAX, multipliers at -2**31 and
-+-(2**31 - 1), shifts 0, 1, 31, 62, per tensor and per channel (along a row and along runs), every dtype
-pair, lengths off the 16-element step, zero points and clip bounds at the extremes (also bounds outside
-the output type: the cast truncates), and the numpy reference's wrap-around where the products overflow.
-Elsewhere the generic loops run (a multiplier of 2**31, the tails): a subprocess with ``IVIT_NO_AVX2=1``
-computes the same cases through them only, and the outputs must agree byte for byte.
+for Requantize and its fused forms (RequantizeTable, with its lookups as gathers; RequantizeShiftmax) where
+every multiplier is an int32, for IAdd where both are in [-2**62, 2**62), and every shift in 0..62: x * b is
+then one (two) signed 32 x 32 -> 64-bit multiplies and the floor shift a logical one. The cases: int32
+inputs at INT32_MIN/MAX, multipliers at -2**31, +-(2**31 - 1) and (IAdd) +-2**62, shifts 0, 1, 31, 62, per
+tensor and per channel (along a row and along runs), every dtype pair, lengths off the 16-element step, zero
+points and clip bounds at the extremes (also bounds outside the output type: the cast truncates), and the
+numpy reference's wrap-around where the products overflow. Elsewhere the generic loops run (a Requantize
+multiplier of 2**31, the tails): a subprocess with ``IVIT_NO_AVX2=1`` computes the same cases through them
+only, and the outputs must agree byte for byte.
 """
-
 from __future__ import annotations
 
 import ctypes
@@ -41,7 +41,12 @@ I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 EDGE_MULTIPLIERS = [I32_MIN, I32_MIN + 1, -(1 << 30), -3, -1, 0, 1, 2, (1 << 30) + 1, I32_MAX - 1, I32_MAX]
 EDGE_SHIFTS = [0, 1, 2, 31, 32, 61, 62]
 
+#: IAdd's multipliers are wider (int8 inputs leave them ~53 bits): two multiplies up to |m| < 2**62
+EDGE_WIDE = [1 << 31, I32_MIN - 1, (1 << 62) - 1, -(1 << 62), 4505280492056287, -26688173618901, 1 << 62,
+             -(1 << 62) - 1, (1 << 63) - 1, -(1 << 63)]  # the last four: past the AVX2 loop, generic
+
 multipliers = st.one_of(st.sampled_from(EDGE_MULTIPLIERS), st.integers(I32_MIN, I32_MAX))
+wide_multipliers = st.one_of(multipliers, st.sampled_from(EDGE_WIDE), st.integers(-(1 << 62), (1 << 62) - 1))
 shifts = st.one_of(st.sampled_from(EDGE_SHIFTS), st.integers(0, 62))
 dtypes = st.sampled_from(INT_DTYPES)
 lengths = st.one_of(st.sampled_from([1, 3, 4, 8, 15, 16, 17, 31, 32, 33, 47, 64, 100]), st.integers(1, 140))
@@ -206,14 +211,15 @@ def test_requantize_shiftmax(data, ti, to, order, seed):
 @given(data=st.data(), ta=dtypes, tb=dtypes, to=dtypes, broadcast=st.sampled_from(["full", "row", "vector"]),
        seed=st.integers(0, 2**32 - 1))
 def test_iadd(data, ta, tb, to, broadcast, seed):
-    """IAdd, b full or repeating (a row of a, or its last axis), multipliers and zero points at the edges."""
+    """IAdd, b full or repeating (a row of a, or its last axis), multipliers (int32 and wider) and zero points
+    at the edges."""
     draw = data.draw
     rng = np.random.default_rng(seed)
     rows, n = draw(st.integers(1, 4)), draw(lengths)
     a = tensor(rng, ta, (rows, 2, n))
     bshape = {"full": (rows, 2, n), "row": (1, 2, n), "vector": (n,)}[broadcast]
     b = tensor(rng, tb, bshape)
-    ma, mb, c = np.int64(draw(multipliers)), np.int64(draw(multipliers)), np.int64(draw(shifts))
+    ma, mb, c = np.int64(draw(wide_multipliers)), np.int64(draw(wide_multipliers)), np.int64(draw(shifts))
     za, zb = ta(zero_point(draw, ta)), tb(zero_point(draw, tb))
     qmin, qmax = bounds(draw, to)
     zy = np.array(zero_point(draw, to), to)
@@ -262,7 +268,9 @@ def edge_outputs() -> dict[str, np.ndarray]:
                     y = requantize_table(big, nc, inner, zx, bs, cs, 1, lo, hi, None, to, 2)
                     out[f"big {np.dtype(ti)} {np.dtype(to)} {k} {nc}"] = y
             params = [(I32_MIN, I32_MAX, 62, lo, hi), (I32_MAX, I32_MIN, 0, hi, lo), (1 << 31, 5, 30, lo, hi),
-                      (7, I32_MIN - 1, 30, lo, hi), (-1, 1, 1, lo - 1000, hi + 1000)]
+                      (7, I32_MIN - 1, 30, lo, hi), (-1, 1, 1, lo - 1000, hi + 1000),
+                      (4505280492056287, 26688173618901, 52, lo, hi), ((1 << 62) - 1, -(1 << 62), 62, hi, lo),
+                      (1 << 62, 3, 40, lo, hi), (5, -(1 << 62) - 1, 40, lo, hi)]
             for k, (ma, mb, c, qmin, qmax) in enumerate(params):
                 other = tensor(rng, ti, (7, 203))
                 za, zb = ti(info(ti)[0]), ti(info(ti)[1])
