@@ -65,9 +65,16 @@ class G:
 
 
 def run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    """Stock onnxruntime, exact on every CPU: a fake-quant model's Q/DQ in float, a converted model's uint8 x
+    int8 weight GEMMs on the exact kernels (both saturate without VNNI otherwise)."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+    from ivit_onnx.runners import exact_weight_gemms, simulate_qdq
+
+    opts = ort.SessionOptions()
+    simulate_qdq(opts)
+    exact_weight_gemms(opts)
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(
         None, feeds
     )
 
