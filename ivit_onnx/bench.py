@@ -406,6 +406,35 @@ class _OrtEngine:
         return self.runner.run(feeds)
 
 
+class _ArtifactEngine:
+    """A saved onnxruntime artifact (``ivit-onnx compile -o X.onnx``) in the engine's session, as a user loads
+    it: its row sits beside the engine compiled in memory, its bits are checked like every engine's."""
+
+    exact_label, compile = "artifact", False
+
+    def __init__(self, path: str, threads: int | None):
+        from .engines.onnxruntime import is_artifact
+        from .io import load_model
+
+        model = load_model(path)
+        if not is_artifact(model):
+            raise ConversionError(f"--artifact {path}: not an onnxruntime artifact (write one with "
+                                  "'ivit-onnx compile int.onnx -o int.ort.onnx')")
+        self.label = f"int: onnxruntime ({os.path.basename(path)})"
+        self.model, self.threads, self.session = model, threads, None
+        self.compile_s: float | None = None
+        self.detail = ""
+
+    def prepare(self, feeds) -> None:
+        from .engines.onnxruntime import InferenceSession
+
+        self.session = InferenceSession(self.model, self.threads)
+        self.detail = self.session.describe()
+
+    def run(self, feeds):
+        return self.session.run(None, feeds)
+
+
 class _TvmEngine:
     """A TVM llvm build of the integer model for the feeds' shapes (the project's ``compile_model``)."""
 
@@ -534,6 +563,8 @@ def main(args) -> int:
     say = _printer(sys.stderr)
 
     runners = [_engine_runner(name, model, threads) for name in engines]
+    if getattr(args, "artifact", None):
+        runners.append(_ArtifactEngine(args.artifact, threads))
     candidates: dict[str, Candidate] = {}
     compile_s: dict[str, float] = {}
     for eng in runners:

@@ -460,6 +460,8 @@ def _add_bench(sub) -> None:
                    f"the OpenVINO FP32 peer ('{ALIAS}': the bundled one)")
     p.add_argument("--fake-quant", metavar="F.onnx", help="its fake-quant QDQ model, for the OpenVINO int8 "
                    f"peer ('{ALIAS}': the bundled one)")
+    p.add_argument("--artifact", metavar="F.onnx", help="also time this saved onnxruntime artifact of MODEL "
+                   "('ivit-onnx compile MODEL -o F.onnx') beside the engines, its bits checked the same way")
     p.add_argument("--engines", default="onnxruntime", metavar="LIST",
                    help="comma list of onnxruntime (custom-op library), tvm (llvm build; needs the tvm "
                    "extra; compile time reported apart) (default onnxruntime)")

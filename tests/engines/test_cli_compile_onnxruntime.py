@@ -42,3 +42,12 @@ def test_engine_and_suffix_mismatch_is_one_line(tiny, tmp_path, capsys, argv, me
 def test_a_float_model_is_refused(tiny, tmp_path, capsys):
     assert main(["compile", str(tiny.fq), "-o", str(tmp_path / "a.onnx")]) == 2
     assert "not an integer model" in capsys.readouterr().err
+
+
+def test_bench_times_the_saved_artifact_beside_the_engine(tiny, tmp_path, capsys):
+    art = tmp_path / "int.ort.onnx"
+    assert main(["compile", str(tiny.int), "-o", str(art), "-q"]) == 0
+    argv = ["--artifact", str(art), "--iters", "1", "--warmup", "0", "--batch", "2", "--threads", "1"]
+    assert main(["bench", str(tiny.int), *argv]) == 0
+    out = capsys.readouterr().out
+    assert "int: onnxruntime (int.ort.onnx)" in out and "exact: artifact == function bodies: yes" in out
