@@ -118,18 +118,18 @@ def named_inline(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str
 
 def profile(model: onnx.ModelProto, backend: str, x: np.ndarray, threads: int, iters: int = 3) -> dict:
     """Kernel time per op type (ms per batch) from onnxruntime's profiler, body nodes under their op."""
-    from ivit_onnx.opset.ort_library import register
+    from ivit_onnx.engines.onnxruntime import compile_model
+    from ivit_onnx.engines.onnxruntime.session import register, session_options
+    from ivit_onnx.runners import exact_weight_gemms
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts = session_options(threads)  # as the runners' sessions
     opts.enable_profiling = True
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as OrtRunner
     opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "prof")
-    opts.log_severity_level = 3
     owner_of: dict[str, str] = {}
     if backend == "library":
-        model = register(opts, OrtRunner(model, "library", threads).session_model())  # as the runner runs it
+        model = register(opts, compile_model(model).model, threads)  # the engine's artifact, as the runner
     elif backend == "functions":
+        exact_weight_gemms(opts)
         model, owner_of = named_inline(model)  # what ORT's own inlining does, with names kept
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     sess.run(None, {"input": x})

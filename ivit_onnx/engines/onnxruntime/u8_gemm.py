@@ -86,12 +86,26 @@ def _family(start: str, consumers: dict, outputs: set[str]):
     return tensors, edges
 
 
+def _zero_point(node: onnx.NodeProto, idx: int) -> str:
+    """The name of the zero point of ``node``'s input ``idx`` (``""`` where it has none: zero)."""
+    at = ZERO_POINT_OF[(node.op_type, idx)]
+    return node.input[at] if len(node.input) > at else ""
+
+
+def _shift_zero_point(node: onnx.NodeProto, idx: int, const, int8_scalar) -> None:
+    """Move the zero point of ``node``'s input ``idx`` by +128 (its operand is re-encoded as uint8)."""
+    at, name = ZERO_POINT_OF[(node.op_type, idx)], _zero_point(node, idx)
+    old = int8_scalar(name) if name else 0
+    while len(node.input) <= at:
+        node.input.append("")
+    node.input[at] = const(old + 128)
+
+
 def _uint8_copy(g: onnx.GraphProto, gemm: onnx.NodeProto, side: int, const, int8_scalar) -> None:
     """Feed ``gemm`` operand ``side`` as ``x + 128`` in uint8 (a Requantize by 1 into zero point 128)
     instead of int8 ``x``."""
-    at = ZERO_POINT_OF[("MatMulInteger", side)]
-    zx = int8_scalar(gemm.input[at]) if len(gemm.input) > at and gemm.input[at] else 0
-    if zx is None:
+    zp = _zero_point(gemm, side)
+    if zp and int8_scalar(zp) is None:
         raise ValueError(f"MatMulInteger '{gemm.name}': uint8 x int8 activations with a zero point that is "
                          "not a scalar int8 constant; run it with int8 GEMMs (u8_gemm off)")
     tag = f"{gemm.output[0]}_{'ab'[side]}_uint8"  # unique: one per GEMM operand
@@ -100,9 +114,8 @@ def _uint8_copy(g: onnx.GraphProto, gemm: onnx.NodeProto, side: int, const, int8
     g.initializer.extend(params)
     copy = helper.make_node("Requantize", [gemm.input[side], *(p.name for p in params), const(128)], [tag],
                             name=tag, domain=DOMAIN, qmin=0, qmax=255)
-    while len(gemm.input) <= at:
-        gemm.input.append("")
-    gemm.input[side], gemm.input[at] = copy.output[0], const(zx + 128)
+    _shift_zero_point(gemm, side, const, int8_scalar)
+    gemm.input[side] = copy.output[0]
     g.node.insert(list(g.node).index(gemm), copy)
 
 
@@ -185,8 +198,7 @@ def recode(model: onnx.ModelProto) -> Recoded:
         if not family or not any(n.op_type in GEMMS for n, _ in family[1]):
             continue
         tensors, edges = family
-        if any(len(n.input) > ZERO_POINT_OF[(n.op_type, i)] and n.input[ZERO_POINT_OF[(n.op_type, i)]]
-               and int8_scalar(n.input[ZERO_POINT_OF[(n.op_type, i)]]) is None for n, i in edges):
+        if any(_zero_point(n, i) and int8_scalar(_zero_point(n, i)) is None for n, i in edges):
             continue  # a consumer zero point we cannot move (not a scalar int8 constant)
         found[at] = (node, zp_at, zy, tensors, edges)
     copies = _pair_activation_operands(out, found, inits)
@@ -196,11 +208,7 @@ def recode(model: onnx.ModelProto) -> Recoded:
             if a.name in ("qmin", "qmax"):
                 a.i += 128
         for n, i in edges:
-            z = ZERO_POINT_OF[(n.op_type, i)]
-            old = int8_scalar(n.input[z]) if len(n.input) > z and n.input[z] else 0
-            while len(n.input) <= z:
-                n.input.append("")
-            n.input[z] = const(old + 128)
+            _shift_zero_point(n, i, const, int8_scalar)
         result.tensors |= tensors
         result.producers.append(node.name or node.output[0])
     for gemm, side in copies:
