@@ -76,7 +76,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def _add_rewrite(sub) -> None:
-    from .pipeline import Options
+    from .pipeline import KERNELS, Options
 
     p = _subcommand(sub, "rewrite")
     p.add_argument("model", help=f"input QDQ .onnx file, or '{ALIAS}' for the bundled demo model")
@@ -115,6 +115,13 @@ def _add_rewrite(sub) -> None:
         p.add_argument(
             "--" + name.replace("_", "-"), type=int, default=default, help=f"{what} (default {default})"
         )
+    for op, choices in KERNELS.items():
+        p.add_argument(
+            "--" + op,
+            choices=choices,
+            default=getattr(defaults, op),
+            help=f"{op}'s integer kernel (default {getattr(defaults, op)}; docs/ablation.md)",
+        )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
 
@@ -139,6 +146,9 @@ def _run_rewrite(args) -> int:
         min_x0=args.min_x0,
         ln_fraction_bits=args.ln_fraction_bits,
         max_row=args.max_row,
+        softmax=args.softmax,
+        gelu=args.gelu,
+        layernorm=args.layernorm,
         external_data=True if args.external_data else None,
     )
     if args.report:

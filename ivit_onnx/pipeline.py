@@ -22,6 +22,14 @@ import onnx_graphsurgeon as gs
 from .errors import ConversionError, one_line
 from .io import atomic_output, default_opset, ensure_opset, fold_quantized_weights, load_model, skeleton
 
+#: the integer kernel choices of each nonlinear op (the paper's ablation, Table 2); the first is the default
+#: (I-ViT's Shiftmax / ShiftGELU / I-LayerNorm), then I-BERT's polynomials, FQ-ViT's LIS, L1 LayerNorm
+KERNELS: dict[str, tuple[str, ...]] = {
+    "softmax": ("shiftmax", "ibert", "lis"),
+    "gelu": ("shiftgelu", "ibert"),
+    "layernorm": ("ilayernorm", "l1"),
+}
+
 
 @dataclass
 class Options:
@@ -33,6 +41,14 @@ class Options:
     min_x0: int = 1024  #: finest exp grid: inputs coarser than 1/min_x0 are upscaled exactly first
     max_row: int = 4096  #: row length assumed for Shiftmax overflow proofs when the shape is dynamic
     scale_table: bool = False  #: put the per-tensor scale table in the report
+    softmax: str = KERNELS["softmax"][0]  #: Softmax's integer kernel (:data:`KERNELS`)
+    gelu: str = KERNELS["gelu"][0]  #: GELU's integer kernel
+    layernorm: str = KERNELS["layernorm"][0]  #: LayerNorm's integer kernel
+
+    def __post_init__(self):
+        for op, choices in KERNELS.items():
+            if getattr(self, op) not in choices:
+                raise ConversionError(f"--{op} {getattr(self, op)!r}: choose one of {', '.join(choices)}")
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Softmax / Gelu / LayerNormalization → Shiftmax / ShiftGELU / ILayerNorm from the input's own scale.
 
-Each writes its output directly in the type of the QuantizeLinear that follows it where that is exact
+The kernel is ``Options.softmax`` / ``gelu`` / ``layernorm`` (:data:`ivit_onnx.pipeline.KERNELS`: I-ViT's by
+default, the paper's ablation alternatives on request); each rule keeps one emitter per choice. Each writes
+its output directly in the type of the QuantizeLinear that follows it where that is exact
 (Shiftmax: a power-of-two scale; ShiftGELU/ILayerNorm requantize inside), else in a default type that
 the following QuantizeLinear requantizes.
 """
@@ -12,6 +14,8 @@ import onnx_graphsurgeon as gs
 
 from ivit_onnx import qparams
 from ivit_onnx.affine import Affine, dtype_range
+from ivit_onnx.errors import ConversionError
+from ivit_onnx.graph import node_label
 
 from ..pattern import Op, Rule, last_axis
 from .lowerer import Lowerer, Outcome
@@ -49,6 +53,23 @@ def _emit(lw: Lowerer, node: gs.Node, op: str, inputs: list, t: Affine, **attrs)
     return Outcome.HANDLED
 
 
+def _variant(lw: Lowerer, node: gs.Node, op: str, emitters: dict):
+    """The emitter of the kernel the options chose for ``op`` (``softmax``, ``gelu``, ``layernorm``)."""
+    choice = getattr(lw.opt, op)
+    if choice not in emitters:
+        raise ConversionError(f"{node_label(node)}: --{op} {choice} is not implemented")
+    return emitters[choice]
+
+
+def _shiftmax(lw: Lowerer, node: gs.Node, it, a: Affine, row: int) -> Outcome:
+    sp = qparams.shiftmax(a, row, lw.target(node.outputs[0]), lw.opt.min_x0)
+    return _emit(lw, node, "Shiftmax", [_upscale(lw, it, a, sp.up)], sp.t, x0=sp.x0, n=sp.n, bits=sp.bits)
+
+
+#: Softmax kernels by ``Options.softmax``: ``(lw, node, input, per-tensor type, row length)``
+SOFTMAX = {"shiftmax": _shiftmax}
+
+
 class Softmax(Rule):
     """Softmax over the last axis → Shiftmax, written in the following QuantizeLinear's type if exact."""
 
@@ -63,10 +84,17 @@ class Softmax(Rule):
     def rewrite(self, lw, m):
         it, a = lw.per_tensor(*lw.get(m.root.inputs[0]))
         row = _last_dim(m.root.inputs[0]) or lw.opt.max_row
-        sp = qparams.shiftmax(a, row, lw.target(m.root.outputs[0]), lw.opt.min_x0)
-        return _emit(
-            lw, m.root, "Shiftmax", [_upscale(lw, it, a, sp.up)], sp.t, x0=sp.x0, n=sp.n, bits=sp.bits
-        )
+        return _variant(lw, m.root, "softmax", SOFTMAX)(lw, m.root, it, a, row)
+
+
+def _shiftgelu(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
+    gp = qparams.shiftgelu(a, lw.target(node.outputs[0]), lw.opt.min_x0, lw.opt.gelu_bits, lw.dyadic)
+    inputs = [_upscale(lw, it, a, gp.up), lw.const(gp.multiplier, "mult"), lw.const(gp.shift, "shift")]
+    return _emit(lw, node, "ShiftGELU", inputs, gp.t, x0=gp.x0, n=gp.n, bits=gp.bits)
+
+
+#: GELU kernels by ``Options.gelu``: ``(lw, node, input, symmetric per-tensor type)``
+GELU = {"shiftgelu": _shiftgelu}
 
 
 class Gelu(Rule):
@@ -79,9 +107,20 @@ class Gelu(Rule):
 
     def rewrite(self, lw, m):
         it, a = lw.symmetric(*lw.per_tensor(*lw.get(m.root.inputs[0])))
-        gp = qparams.shiftgelu(a, lw.target(m.root.outputs[0]), lw.opt.min_x0, lw.opt.gelu_bits, lw.dyadic)
-        inputs = [_upscale(lw, it, a, gp.up), lw.const(gp.multiplier, "mult"), lw.const(gp.shift, "shift")]
-        return _emit(lw, m.root, "ShiftGELU", inputs, gp.t, x0=gp.x0, n=gp.n, bits=gp.bits)
+        return _variant(lw, m.root, "gelu", GELU)(lw, m.root, it, a)
+
+
+def _ilayernorm(lw: Lowerer, node: gs.Node, it, a: Affine, gamma, beta) -> Outcome:
+    c_len, target = _last_dim(node.inputs[0]), lw.target(node.outputs[0])
+    lp = qparams.layernorm(a, c_len, gamma, beta, target, lw.opt.ln_fraction_bits, lw.dyadic)
+    if lp.pre is not None:
+        it = lw.requantize(it, a, lp.pre, "ln_in")
+    inputs = [it, lw.const(lp.multiplier, "mult"), lw.const(lp.shift, "shift"), lw.const(lp.bias, "bias")]
+    return _emit(lw, node, "ILayerNorm", inputs, lp.t, shift_in=lp.shift_in, p=lp.p)
+
+
+#: LayerNorm kernels by ``Options.layernorm``: ``(lw, node, input, type, gamma, beta or None)``
+LAYERNORM = {"ilayernorm": _ilayernorm}
 
 
 class LayerNorm(Rule):
@@ -108,16 +147,4 @@ class LayerNorm(Rule):
         it, a = lw.get(node.inputs[0])
         gamma = lw.const_float(node.inputs[1])
         beta = lw.const_float(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else None
-        lp = qparams.layernorm(
-            a,
-            _last_dim(node.inputs[0]),
-            gamma,
-            beta,
-            lw.target(node.outputs[0]),
-            lw.opt.ln_fraction_bits,
-            lw.dyadic,
-        )
-        if lp.pre is not None:
-            it = lw.requantize(it, a, lp.pre, "ln_in")
-        inputs = [it, lw.const(lp.multiplier, "mult"), lw.const(lp.shift, "shift"), lw.const(lp.bias, "bias")]
-        return _emit(lw, node, "ILayerNorm", inputs, lp.t, shift_in=lp.shift_in, p=lp.p)
+        return _variant(lw, node, "layernorm", LAYERNORM)(lw, node, it, a, gamma, beta)
