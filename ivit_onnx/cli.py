@@ -96,6 +96,15 @@ def _add_rewrite(sub) -> None:
         "graph for inspection and may not pass the ONNX checker",
     )
     p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="convert for this input shape (repeatable); a name such as N keeps a dimension symbolic. "
+        "Shape-derived subgraphs (Hugging Face Swin's window mask, BERT's attention mask) then fold into "
+        "constants; default: the model's own shapes",
+    )
+    p.add_argument(
         "--external-data",
         action="store_true",
         help="write the weights to OUTPUT.data next to the model (automatic above protobuf's 2 GiB limit)",
@@ -146,6 +155,7 @@ def _run_rewrite(args) -> int:
         min_x0=args.min_x0,
         ln_fraction_bits=args.ln_fraction_bits,
         max_row=args.max_row,
+        input_shapes=parse_shapes(args.shape, symbolic=True) or None,
         softmax=args.softmax,
         gelu=args.gelu,
         layernorm=args.layernorm,
@@ -199,23 +209,29 @@ def _tvm():
     return backend
 
 
-def _parse_shapes(items: list[str]) -> dict[str, list[int]]:
+def parse_shapes(items: list[str], symbolic: bool = False) -> dict[str, list[int | str]]:
+    """``--shape NAME=D0,D1,...`` values (repeatable); with ``symbolic``, a dimension that is a name (``N``,
+    ``batch``, ``?``) stays symbolic."""
     shapes = {}
     for item in items:
-        name, _, dims = item.partition("=")
-        try:
-            shapes[name] = [int(d) for d in dims.split(",")]
-        except ValueError:
-            raise ConversionError(f"--shape {item!r}: expected NAME=D0,D1,... with integer dims") from None
-        if not name or any(d < 1 for d in shapes[name]):
-            raise ConversionError(f"--shape {item!r}: expected NAME=D0,D1,... with positive dims")
+        name, _, text = item.partition("=")
+        dims = [d.strip() for d in text.split(",")]
+        what = "integer or symbolic (a name)" if symbolic else "integer"
+        ok = bool(name) and all(d.isdigit() and int(d) > 0 or symbolic and _symbol(d) for d in dims)
+        if not ok:
+            raise ConversionError(f"--shape {item!r}: expected NAME=D0,D1,... with positive {what} dims")
+        shapes[name] = [int(d) if d.isdigit() else d for d in dims]
     return shapes
+
+
+def _symbol(d: str) -> bool:
+    return d == "?" or d.isidentifier()
 
 
 def compile_shapes(model, items: list[str], where: str) -> dict[str, list[int]]:
     """Every input's static shape: ``--shape`` values, else the model's with a symbolic batch (first)
     dimension as 1; a symbolic non-batch dimension without ``--shape`` is an error naming it."""
-    given = _parse_shapes(items)
+    given = parse_shapes(items)
     inits = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]
     unknown = sorted(set(given) - {i.name for i in inputs})

@@ -15,6 +15,12 @@ def only_consumer(t: gs.Tensor) -> gs.Node | None:
     return t.outputs[0] if len(t.outputs) == 1 else None
 
 
+def constant(name: str, value) -> gs.Constant:
+    """A graph constant of ``value`` with its shape kept: numpy arithmetic on 0-d arrays yields numpy scalars,
+    which onnx-graphsurgeon refuses, and ``np.ascontiguousarray`` would make them 1-d."""
+    return gs.Constant(name, np.require(np.asarray(value), requirements="C"))
+
+
 def const_array(t: gs.Tensor | None) -> np.ndarray | None:
     """The value of a constant tensor (initializer or Constant node output), else None."""
     if t is None:

@@ -151,7 +151,7 @@ def quantize(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int) -> np.
         scale, zp = scale.reshape(shape), zp.reshape(shape)
     info = np.iinfo(zp.dtype)
     q = np.rint(x.astype(np.float64) / scale) + zp.astype(np.float64)
-    return np.clip(q, info.min, info.max).astype(zp.dtype)
+    return np.asarray(np.clip(q, info.min, info.max).astype(zp.dtype))  # 0-d stays an array, not a scalar
 
 
 def fold_quantized_weights(model: onnx.ModelProto) -> onnx.ModelProto:

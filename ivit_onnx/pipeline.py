@@ -33,7 +33,8 @@ KERNELS: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class Options:
-    """Conversion settings; each has an ``ivit-onnx rewrite`` flag (``scale_table``: ``--scales``)."""
+    """Conversion settings; each has an ``ivit-onnx rewrite`` flag (``scale_table``: ``--scales``,
+    ``input_shapes``: ``--shape``)."""
 
     allow_float: bool = False  #: keep unconvertible regions as DQ → float → Q instead of failing
     gelu_bits: int = 15  #: fraction bits of ShiftGELU's sigmoid
@@ -41,6 +42,9 @@ class Options:
     min_x0: int = 1024  #: finest exp grid: inputs coarser than 1/min_x0 are upscaled exactly first
     max_row: int = 4096  #: row length assumed for Shiftmax overflow proofs when the shape is dynamic
     scale_table: bool = False  #: put the per-tensor scale table in the report
+    #: input name -> shape to convert for (ints; a str keeps that dimension symbolic, e.g. the batch);
+    #: shape-derived subgraphs fold into constants (``--shape``)
+    input_shapes: dict[str, list[int | str]] | None = None
     softmax: str = KERNELS["softmax"][0]  #: Softmax's integer kernel (:data:`KERNELS`)
     gelu: str = KERNELS["gelu"][0]  #: GELU's integer kernel
     layernorm: str = KERNELS["layernorm"][0]  #: LayerNorm's integer kernel

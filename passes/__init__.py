@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .attach_functions import AttachFunctions
 from .finalize import Finalize
+from .fold_constants import FoldConstants
 from .fuse_gelu import FuseGelu
 from .fuse_layernorm import FuseLayerNorm
 from .fuse_softmax import FuseSoftmax
@@ -11,11 +12,14 @@ from .lower_integer import LowerInteger
 from .normalize import Normalize
 
 #: the converter's passes, in order (``Pipeline.default()`` instantiates them)
-PASSES = (Normalize, FuseGelu, FuseLayerNorm, FuseSoftmax, LowerInteger, AttachFunctions, Finalize)
+PASSES = (
+    FoldConstants, Normalize, FuseGelu, FuseLayerNorm, FuseSoftmax, LowerInteger, AttachFunctions, Finalize
+)
 
 
 def default_passes():
-    """normalize → fuse_gelu → fuse_layernorm → fuse_softmax → lower_integer → attach_functions → finalize."""
+    """fold_constants → normalize → fuse_gelu → fuse_layernorm → fuse_softmax → lower_integer →
+    attach_functions → finalize."""
     return [p() for p in PASSES]
 
 

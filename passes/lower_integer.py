@@ -19,7 +19,7 @@ from ivit_onnx.pipeline import Context, Pass
 
 from .fuse_gelu import unfuse
 from .pattern import match
-from .rules import RULES, Lowerer, Outcome
+from .rules import RULES, Lowerer, Outcome, token_mask
 from .rules.lowerer import macs
 
 
@@ -42,6 +42,29 @@ def _lower(lw: Lowerer, node: gs.Node) -> Outcome | str:
         return one_line(e)
 
 
+def _shape_hint(g: gs.Graph, nodes: list[gs.Node]) -> str:
+    """Advice when an island is computed from the shape of an input with symbolic dimensions (Hugging Face's
+    masks and views): fixing the shapes lets ``fold_constants`` turn that subgraph into constants."""
+    shown = {t.name: [str(d) if isinstance(d, int) else "?" for d in t.shape or []] for t in g.inputs}
+    symbolic = {k: v for k, v in shown.items() if "?" in v}
+    if not symbolic or not any(_reads_a_shape(n) for n in nodes):
+        return ""
+    dims = ", ".join(f"{k}: [{','.join(v)}]" for k, v in symbolic.items())
+    return f"they depend on symbolic input shapes ({dims}): fix them with --shape NAME=D0,D1,... or "
+
+
+def _reads_a_shape(node: gs.Node, limit: int = 64) -> bool:
+    """A ``Shape`` node is among the first ``limit`` ancestors of ``node``."""
+    todo, seen = [node], set()
+    while todo and len(seen) < limit:
+        n = todo.pop()
+        if n.op == "Shape":
+            return True
+        seen.add(id(n))
+        todo += [t.inputs[0] for t in n.inputs if t.inputs and id(t.inputs[0]) not in seen]
+    return False
+
+
 class LowerInteger(Pass):
     name = "lower_integer"
     requires = ("constant_qdq_params",)
@@ -52,6 +75,7 @@ class LowerInteger(Pass):
         g.toposort()
         lw = Lowerer(ctx)
         islands: dict[str, str] = {}  # label -> the reason it stays float
+        island_nodes: list[gs.Node] = []
         float_macs, gelus = 0, []
         for node in list(g.nodes):
             lw.node_hint = ctx.where = node.name or node.op
@@ -60,9 +84,11 @@ class LowerInteger(Pass):
                 detach(node)
                 continue
             if isinstance(outcome, str) and (
-                any(_is_float(t) for t in node.outputs) or any(lw.get(t) is not None for t in node.inputs)
+                any(_is_float(t) for t in node.outputs)
+                or any(lw.get(t) is not None or token_mask.lookup(lw, t) is not None for t in node.inputs)
             ):
                 islands[node_label(node)] = outcome
+                island_nodes.append(node)
                 float_macs += macs(node) if node.op in ("MatMul", "Gemm", "Conv") else 0
                 gelus += [node] if node.op == "Gelu" and ctx.opset < 20 else []
             for i, t in enumerate(node.inputs):
@@ -77,7 +103,7 @@ class LowerInteger(Pass):
             names = "; ".join(f"{k}: {v}" for k, v in list(reasons.items())[:8]) + " ..." * (len(islands) > 8)
             raise ConversionError(
                 f"{len(islands)} node(s) have no integer rule that applies (float islands): {names}; "
-                "rerun with --allow-float to keep them as DQ → float → Q"
+                f"{_shape_hint(g, island_nodes)}rerun with --allow-float to keep them as DQ → float → Q"
             )
         ctx.notes["float_islands"] = list(islands)
         ctx.notes["float_island_reasons"] = reasons

@@ -14,7 +14,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ivit_onnx.errors import ConversionError
-from ivit_onnx.graph import const_array, node_label, replace_uses
+from ivit_onnx.graph import const_array, constant, dequantized_const, node_label, replace_uses
 from ivit_onnx.io import quantize
 from ivit_onnx.pipeline import Context, Pass
 
@@ -47,6 +47,71 @@ def _type_form(dt: np.dtype | None, dequantize: bool = False) -> str | None:
     if dt.kind in "fV" or dt.name.startswith("float"):
         return f"floating-point quantizer ({dt.name}) has no integer form: re-export with int8 (or int16)"
     return f"unsupported quantized type {dt.name}"
+
+
+#: how an attention mask is computed from its integer graph input: layout ops (first input only), Q/DQ, and
+#: logic/arithmetic whose other operands are constants, shapes or the mask
+_MASK_LAYOUT = ("Cast", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Slice", "Transpose",
+                "Identity", "Gather", "GatherND", "QuantizeLinear", "DequantizeLinear")
+_MASK_LOGIC = ("Not", "And", "Or", "Equal", "Where", "Sub", "Mul", "Add", "Div")
+#: a mask's fill is at least this large (BERT's -10000, -1e9, finfo.min, -inf)
+_FILL = 1e3
+MASK_RECIPE = "docs/conversion.md#attention-masks-and-quantizers"
+
+
+def _larger(a: float, b: float) -> float:
+    return a if abs(a) >= abs(b) else b
+
+
+def _from_shapes(t: gs.Tensor, depth: int = 0) -> bool:
+    """``t`` is computed from constants and ``Shape`` nodes only (index arithmetic of a symbolic shape)."""
+    p = t.inputs[0] if t.inputs else None
+    if p is None:
+        return const_array(t) is not None
+    return p.op == "Shape" or depth < 32 and all(_from_shapes(x, depth + 1) for x in p.inputs if x.name)
+
+
+def _mask_fill(t: gs.Tensor, depth: int = 0) -> float | None:
+    """The fill value (the constant of largest magnitude) of an attention mask computed from an integer graph
+    input (``Where(mask, 0, finfo.min)``, ``(1 - mask) * -10000``, through layout ops and Q/DQ), else None."""
+    p = t.inputs[0] if t.inputs else None
+    if p is None:
+        integer = t.dtype is not None and np.dtype(t.dtype).kind in "iub"
+        return 0.0 if integer and const_array(t) is None else None
+    if depth > 32 or p.op not in _MASK_LAYOUT + _MASK_LOGIC:
+        return None
+    found, fill = False, 0.0
+    for x in p.inputs[:1] if p.op in _MASK_LAYOUT else [x for x in p.inputs if x.name]:
+        c = dequantized_const(x)  # onnxruntime quantizes the constants too
+        if c is not None and c.dtype.kind == "f" and c.size:
+            fill = _larger(fill, float(c.reshape(-1)[np.argmax(np.abs(c.reshape(-1)))]))
+        elif c is None and not _from_shapes(x):
+            sub = _mask_fill(x, depth + 1)
+            if sub is None:
+                return None
+            found, fill = True, _larger(fill, sub)
+    return fill if found else None
+
+
+def _refuse_quantized_mask(node: gs.Node, scale: np.ndarray) -> None:
+    """A QuantizeLinear of the attention scores plus the mask whose range covers the mask's fill value (the
+    quantizer calibrated it on padded inputs: every unmasked score rounds to one level), or of the mask alone
+    with a scale that is not finite (a fill of -inf or finfo.min)."""
+    t = node.inputs[0]
+    fill, what = _mask_fill(t), "the attention mask"
+    if fill is not None:
+        broken = not np.all(np.isfinite(scale))  # a mask quantized alone is harmless where its values fit
+    elif t.inputs and t.inputs[0].op in ("Add", "Sub"):
+        fills = [f for f in (_mask_fill(x) for x in t.inputs[0].inputs) if f is not None]
+        fill, what = (fills[0] if fills else None), "the attention scores plus the mask"
+        broken = fill is not None and float(np.max(scale)) * 255 >= abs(fill) / 2
+    if fill is None or abs(fill) < _FILL or not broken:
+        return
+    raise ConversionError(
+        f"{node_label(node)}: tensor '{t.name}' is {what} quantized with scale {float(np.max(scale)):.3g}, "
+        f"a range that covers the mask's fill value {fill:.3g}: the quantizer calibrated the mask arithmetic "
+        f"(every unmasked score rounds to one level); quantize with the mask's nodes excluded ({MASK_RECIPE})"
+    )
 
 
 class Normalize(Pass):
@@ -93,7 +158,7 @@ class Normalize(Pass):
                 out = node.outputs[0]
                 if out not in ctx.graph.outputs:
                     self._replace(
-                        ctx, node, gs.Constant(out.name + "_c", np.asarray(node.attrs["value"].values))
+                        ctx, node, constant(out.name + "_c", node.attrs["value"].values)
                     )
                     changed = True
         return changed
@@ -126,7 +191,7 @@ class Normalize(Pass):
         lo = node.attrs.get("min") if lo is None and "min" in node.attrs else lo
         hi = node.attrs.get("max") if hi is None and "max" in node.attrs else hi
         folded = x if lo is None and hi is None else np.clip(x, lo, hi).astype(x.dtype)
-        self._replace(ctx, node, gs.Constant(node.outputs[0].name + "_c", folded), "Clip of constant folded")
+        self._replace(ctx, node, constant(node.outputs[0].name + "_c", folded), "Clip of constant folded")
         return True
 
     @staticmethod
@@ -154,6 +219,8 @@ class Normalize(Pass):
         if scale is None:
             raise ConversionError(f"{where}: scale '{node.inputs[1].name}' is not a constant")
         name = node.inputs[1].name
+        if node.op == "QuantizeLinear":
+            _refuse_quantized_mask(node, scale)
         if not np.all(np.isfinite(scale)):
             raise ConversionError(f"{where}: scale '{name}' is not finite ({scale.ravel()[:4]})")
         if np.any(scale <= 0):
@@ -171,7 +238,7 @@ class Normalize(Pass):
         )
         q = quantize(x, scale, zp, node.attrs.get("axis", 1))
         self._replace(
-            ctx, node, gs.Constant(node.outputs[0].name + "_q", q), "QuantizeLinear of constant folded"
+            ctx, node, constant(node.outputs[0].name + "_q", q), "QuantizeLinear of constant folded"
         )
 
     def _bypass(self, ctx: Context, node: gs.Node) -> None:

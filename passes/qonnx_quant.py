@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ivit_onnx.errors import ConversionError
-from ivit_onnx.graph import const_array, node_label, replace_uses
+from ivit_onnx.graph import const_array, constant, node_label, replace_uses
 
 QONNX_DOMAINS = ("qonnx.custom_op.general", "finn.custom_op.general", "onnx.brevitas")
 
@@ -76,7 +76,7 @@ def rewrite_quant(graph: gs.Graph, node: gs.Node, opset: int) -> None:
     if x is not None and dtype.itemsize == 4:  # a 32-bit bias: its fake-quant value, folded here
         q = np.clip(np.rint(x / scale + zp), lo, hi)
         replace_uses(
-            node.outputs[0], gs.Constant(f"{node.outputs[0].name}_c", ((q - zp) * scale).astype(np.float32))
+            node.outputs[0], constant(f"{node.outputs[0].name}_c", ((q - zp) * scale).astype(np.float32))
         )
         node.outputs.clear()
         return

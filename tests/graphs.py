@@ -13,6 +13,7 @@ class G:
     def __init__(self, opset: int = 17):
         self.opset = opset
         self.nodes, self.inits, self.inputs, self.outputs = [], [], [], []
+        self.shapes = {}
         self.n = 0
 
     def name(self, hint="t"):
@@ -51,15 +52,22 @@ class G:
             axis=axis,
         )
 
-    def output(self, name):
+    def output(self, name, shape=None):
+        """A graph output; its type from shape inference, or float32 ``shape`` where inference cannot tell
+        (after an op of another domain)."""
         self.outputs.append(name)
+        if shape is not None:
+            self.shapes[name] = shape
 
     def model(self):
         """The model; output types come from shape inference."""
         g = helper.make_graph(self.nodes, "test", self.inputs, [], initializer=self.inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", self.opset)], ir_version=10)
+        domains = sorted({n.domain for n in self.nodes} - {""})  # e.g. QONNX's Quant
+        opsets = [helper.make_opsetid("", self.opset), *(helper.make_opsetid(d, 1) for d in domains)]
+        m = helper.make_model(g, opset_imports=opsets, ir_version=10)
         inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(m).graph.value_info}
-        m.graph.output.extend(inferred[o] for o in self.outputs)
+        typed = {o: helper.make_tensor_value_info(o, TensorProto.FLOAT, s) for o, s in self.shapes.items()}
+        m.graph.output.extend(typed.get(o) or inferred[o] for o in self.outputs)
         onnx.checker.check_model(m)
         return m
 

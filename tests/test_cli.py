@@ -59,6 +59,39 @@ def test_float_island_exit_2_and_allow_float(tmp_path):
     assert r.returncode == 0 and "float islands: 1" in r.stdout and out.exists()
 
 
+def test_rewrite_shape_fixes_the_input_and_keeps_a_named_dimension(tmp_path):
+    """``--shape x=N,6,16``: the numbers are fixed, a name keeps a dimension symbolic (as the model names it)."""
+    from tests.passes.test_fold_constants import _swin_like
+
+    src, out = tmp_path / "fq.onnx", tmp_path / "int.onnx"
+    onnx.save(_swin_like(True), src)
+    r = _cli("rewrite", str(src), "-o", str(out))
+    assert r.returncode == 2 and "the channel count is unknown" in r.stderr and "--shape" in r.stderr
+    r = _cli("rewrite", str(src), "-o", str(out), "--shape", "x=N,6,16")
+    assert r.returncode == 0, r.stderr
+    assert "fold_constants: input shape fixed 1" in r.stdout
+    dims = onnx.load(out).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in dims] == ["N", 6, 16]
+
+
+@pytest.mark.parametrize(
+    "value, msg",
+    [
+        ("x=2,6,0", "expected NAME=D0,D1,... with positive integer or symbolic (a name) dims"),
+        ("x", "expected NAME=D0,D1,..."),
+        ("y=2,6,16", "the model has no input of that name (inputs: x)"),
+    ],
+)
+def test_rewrite_bad_shape_is_one_line(tmp_path, value, msg):
+    from tests.passes.test_fold_constants import _swin_like
+
+    src, out = tmp_path / "fq.onnx", tmp_path / "int.onnx"
+    onnx.save(_swin_like(True), src)
+    r = _cli("rewrite", str(src), "-o", str(out), "--shape", value)
+    assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not out.exists()
+
+
 def test_help_documents_every_option():
     r = _cli("rewrite", "--help")
     for opt in (
@@ -69,6 +102,10 @@ def test_help_documents_every_option():
         "--stop-after",
         "--gelu-bits",
         "--min-x0",
+        "--shape",
+        "--softmax",
+        "--gelu",
+        "--layernorm",
     ):
         assert opt in r.stdout
 
@@ -83,8 +120,9 @@ def test_every_conversion_option_has_a_rewrite_flag():
     parser = build_parser()
     rewrite = next(a for a in parser._actions if a.choices and "rewrite" in a.choices).choices["rewrite"]
     flags = {s for a in rewrite._actions for s in a.option_strings}
+    named = {"scale_table": "--scales", "input_shapes": "--shape"}
     for f in dataclasses.fields(Options):
-        assert ("--scales" if f.name == "scale_table" else "--" + f.name.replace("_", "-")) in flags, f.name
+        assert named.get(f.name, "--" + f.name.replace("_", "-")) in flags, f.name
     args = parser.parse_args(
         ["rewrite", "m.onnx", "-o", "x.onnx", "--max-row", "128", "--ln-fraction-bits", "28"]
     )

@@ -19,6 +19,7 @@ class CountMatMuls(Pass):
 
 def test_default_order():
     assert Pipeline.default().names == [
+        "fold_constants",
         "normalize",
         "fuse_gelu",
         "fuse_layernorm",

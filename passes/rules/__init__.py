@@ -3,7 +3,20 @@ self-registers); ``RULES`` maps every op type a rule's pattern names to that rul
 
 from __future__ import annotations
 
-from . import chain, elementwise, layout, linear, mask, masked_pool, nonlinear, pad, pool, qdq, token_mask
+from . import (
+    chain,
+    elementwise,
+    layout,
+    linear,
+    lookup,
+    mask,
+    masked_pool,
+    nonlinear,
+    pad,
+    pool,
+    qdq,
+    token_mask,
+)
 from .lowerer import Lowerer, Outcome
 
 LOWERING = (
@@ -24,6 +37,7 @@ LOWERING = (
     layout.PassThrough(),
     pool.ReduceMeanRule(),  # #11 (Swin)
     pad.PadRule(),  # #11 (Swin)
+    lookup.TableLookup(),  # #22 (BERT's pooler Tanh)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
 # Tried before the table's rule for their op: token masks (two-valued floats of the int64 mask input),

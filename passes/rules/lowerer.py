@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from ivit_onnx import qparams
@@ -220,16 +221,18 @@ class Lowerer:
         return self.rescale(it, a, ones, ones * 0, t, "center"), t
 
     def materialize(self, t: gs.Tensor, out: gs.Tensor | None = None) -> gs.Tensor:
-        """A float tensor for a lowered value (DequantizeLinear), for float islands and graph outputs."""
+        """A float tensor for a lowered value (DequantizeLinear), for float islands and graph outputs, of the
+        float type ``t`` had (a float16 island, as ModelOpt leaves its head, stays float16)."""
         if out is None and t.name in self.floats:
             return self.floats[t.name]
         it, a = self.get(t)
+        fdt = np.dtype(t.dtype if t.dtype is not None and np.dtype(t.dtype).kind == "f" else np.float32)
         if a.dtype.itemsize == 2 and self.ctx.opset < 21:  # DequantizeLinear reads 16-bit types from 21 on
             it = self.node("Cast", [it], np.int32, "widen", attrs={"to": np.int32}, shape=it.shape)
             if a.zero_point:
                 it = self.node("Sub", [it, self.zp(a.zero_point, np.int32, "zp")], np.int32, "center")
             a = Affine(a.scale, 0, np.int32, a.bound)
-        out = out if out is not None else gs.Variable(self.fresh("dequant_out"), dtype=np.float32)
+        out = out if out is not None else gs.Variable(self.fresh("dequant_out"), dtype=fdt)
         scale, axis = a.scale, None
         if not a.per_tensor:
             nz = [i for i, d in enumerate(scale.shape) if d != 1]
@@ -237,9 +240,15 @@ class Lowerer:
             scale = scale.reshape(-1)
         attrs = {"axis": axis} if axis is not None else {}
         zp = np.full(scale.shape if axis is not None else (), a.zero_point, dtype=a.dtype)
-        inputs = [it, self.const(scale.astype(np.float32).reshape(zp.shape), "scale"), self.const(zp, "zp")]
+        # DequantizeLinear writes its scale's type; other than float32 only from opset 19 (else a Cast after)
+        sdt = fdt if self.ctx.opset >= 19 else np.dtype(np.float32)
+        deq = out if sdt == fdt else gs.Variable(self.fresh("dequant_f32"), dtype=sdt)
+        inputs = [it, self.const(scale.astype(sdt).reshape(zp.shape), "scale"), self.const(zp, "zp")]
         self.g.nodes.append(
-            gs.Node("DequantizeLinear", name=self.fresh("dequant"), attrs=attrs, inputs=inputs, outputs=[out])
+            gs.Node("DequantizeLinear", name=self.fresh("dequant"), attrs=attrs, inputs=inputs, outputs=[deq])
         )
+        if deq is not out:
+            to = onnx.helper.np_dtype_to_tensor_dtype(fdt)
+            self.g.nodes.append(gs.Node("Cast", self.fresh("to_float"), {"to": to}, [deq], [out]))
         self.floats[t.name] = out
         return out

@@ -1,4 +1,5 @@
-"""ReduceMean (Swin's final average pool) in integers: an int32 ReduceSum, the 1/N folded into the scale.
+"""ReduceMean / GlobalAveragePool (Swin's final average pool) in integers: an int32 ReduceSum, the 1/N folded
+into the scale.
 
 ``mean = sum(q - zp) * s / N`` exactly, so the sum of the centred integers carries the type
 ``(s / N, 0, int32)``; the QuantizeLinear after it requantizes once (one rounding, as everywhere).
@@ -17,11 +18,20 @@ from .lowerer import Lowerer, Outcome
 _INT32_MAX = 2**31 - 1
 
 
+def _axes(node) -> list[int] | None:
+    """The averaged axes: a ReduceMean's (``[]``: all), a GlobalAveragePool's every axis after the channels
+    (Hugging Face Swin's ``AdaptiveAvgPool1d(1)``); None when not known at conversion time."""
+    if node.op == "ReduceMean":
+        return reduce_axes(node)
+    shape = node.inputs[0].shape
+    return None if shape is None else list(range(2, len(shape)))
+
+
 def _count(lw: Lowerer, node) -> int | str:
     """How many elements each mean averages (static dims), or why it cannot be known."""
     if lw.get(node.inputs[0]) is None:
         return "input is not quantized"
-    axes, shape = reduce_axes(node), node.inputs[0].shape
+    axes, shape = _axes(node), node.inputs[0].shape
     if axes is None or shape is None:
         return "axes or input rank not known at conversion time"
     dims = [shape[a] for a in axes] if axes else list(shape)
@@ -31,10 +41,9 @@ def _count(lw: Lowerer, node) -> int | str:
 
 
 class ReduceMeanRule(Rule):
-    """``ReduceMean(x)`` → ``ReduceSum(int32(x - zp))`` typed ``s/N``."""
+    """``ReduceMean(x)`` / ``GlobalAveragePool(x)`` → ``ReduceSum(int32(x - zp))`` typed ``s/N``."""
 
-    pattern = Op("ReduceMean")
-    label = "ReduceMean → ReduceSum (int32)"
+    pattern = Op(("ReduceMean", "GlobalAveragePool"))
 
     def check(self, lw: Lowerer, m) -> str | None:
         n = _count(lw, m.root)
@@ -52,8 +61,8 @@ class ReduceMeanRule(Rule):
         it, a = lw.symmetric(*lw.per_tensor(*lw.get(node.inputs[0])))
         if a.dtype != np.int32:
             it = lw.node("Cast", [it], np.int32, "widen", attrs={"to": np.int32}, shape=it.shape)
-        axes = reduce_axes(node)
-        keep = int(node.attrs.get("keepdims", 1))
+        axes = _axes(node)
+        keep = int(node.attrs.get("keepdims", 1))  # GlobalAveragePool keeps them
         attrs, inputs = {"keepdims": keep}, [it]
         if axes and lw.ctx.opset < 13:  # ReduceSum takes its axes as an input from opset 13 on
             attrs["axes"] = list(axes)
@@ -61,5 +70,5 @@ class ReduceMeanRule(Rule):
             inputs.append(lw.const(np.array(axes, np.int64), "axes"))
         out = lw.node("ReduceSum", inputs, np.int32, "sum", attrs=attrs, shape=node.outputs[0].shape)
         lw.set(node.outputs[0], out, Affine(a.scale / n, 0, np.int32, bound=n * a.bound))
-        lw.ctx.count("lower_integer", self.label)
+        lw.ctx.count("lower_integer", f"{node.op} → ReduceSum (int32)")
         return Outcome.HANDLED

@@ -26,8 +26,10 @@ from ..pattern import Op, Rule, Var
 from .lowerer import Outcome
 from .mask import MaskError, fill_type, masked_scores, softmax_after, softmax_row, threshold
 
-#: layout ops applied to the integer mask as they are (their other inputs are shapes/axes/indices)
-LAYOUT = ("Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Transpose", "Identity")
+#: layout ops applied to the integer mask as they are (their other inputs are shapes/axes/indices; a gather
+#: of a 0/1 mask is 0/1: Hugging Face's masks index the padding mask with computed, folded indices)
+LAYOUT = ("Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Transpose", "Identity", "Flatten", "Gather",
+          "GatherND")
 _ARITH = ("Add", "Sub", "Mul", "Div")
 #: graph input types taken for a 0/1 mask (int8/uint8 inputs are quantized data, not masks)
 _MASK_DTYPES = (np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.bool_))
@@ -167,6 +169,27 @@ class MaskWhere(Rule):
         return _record(lw, m.root.outputs[0], value)
 
 
+class MaskAnd(Rule):
+    """``And(mask, C)`` with ``C`` a constant that is true everywhere (Hugging Face ANDs the padding mask with
+    a bidirectional mask of all True): the mask itself, broadcast by its consumers as the And would."""
+
+    pattern = Op("And", Var("a"), Var("b"))
+    label = "token mask and"
+
+    def check(self, lw, m):
+        masks = [t for t in m.root.inputs if lookup(lw, t) is not None]
+        if len(masks) != 1:
+            return "not one token mask and one constant"
+        c = dequantized_const(m.root.inputs[1 - m.root.inputs.index(masks[0])])
+        if c is None or c.dtype != np.bool_:
+            return "the other operand is not a boolean constant"
+        return None if c.all() else "the constant is not true everywhere (a causal or window mask)"
+
+    def rewrite(self, lw, m):
+        src = next(lookup(lw, t) for t in m.root.inputs if lookup(lw, t) is not None)
+        return _record(lw, m.root.outputs[0], src)
+
+
 def _scores_and_mask(lw, node: gs.Node):
     """``(scores, token mask)`` of an Add of an integer tensor and a token mask, else ``(None, None)``."""
     for s, k in (node.inputs, node.inputs[::-1]):
@@ -214,4 +237,4 @@ class TokenMaskedAdd(Rule):
         return Outcome.HANDLED
 
 
-RULES = (MaskCast(), MaskLayout(), MaskArith(), MaskWhere(), TokenMaskedAdd())
+RULES = (MaskCast(), MaskLayout(), MaskArith(), MaskWhere(), MaskAnd(), TokenMaskedAdd())

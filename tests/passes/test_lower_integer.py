@@ -120,6 +120,24 @@ def test_float_island_allowed_is_reported_and_runs():
     np.testing.assert_allclose(run(out, {"x": X})[0], run(fq, {"x": X})[0], atol=1e-6)
 
 
+@pytest.mark.parametrize("opset", [17, 19])
+def test_float16_island_stays_float16(opset):
+    """ModelOpt's default leaves the head float16 (``Cast`` to float16 → MatMul with float16 weights →
+    ``Cast`` back): with allow_float the island reads a float16 dequantized tensor (a float32 one failed the
+    ONNX check). DequantizeLinear writes float16 itself from opset 19, through a Cast before."""
+    g = G(opset)
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.03)
+    w = g.const(RNG.standard_normal((16, 4)).astype(np.float16), np.float16)
+    y = g.node("MatMul", [g.node("Cast", [x], to=TensorProto.FLOAT16), w])
+    g.output(g.node("Cast", [y], to=TensorProto.FLOAT))
+    fq = g.model()
+    with pytest.raises(ConversionError, match=r"MatMul '.*'"):
+        rewrite(fq)
+    out, report = rewrite(fq, allow_float=True)
+    assert len(report.notes["float_islands"]) == 1
+    np.testing.assert_allclose(run(out, {"x": X})[0], run(fq, {"x": X})[0], rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize(
     "scale, msg",
     [

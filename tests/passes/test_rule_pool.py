@@ -1,5 +1,5 @@
-"""ReduceMean rule (passes/rules/pool.py): an int32 ReduceSum typed ``s/N``, one rounding at the next
-QuantizeLinear, and every reason to decline."""
+"""ReduceMean / GlobalAveragePool rule (passes/rules/pool.py): an int32 ReduceSum typed ``s/N``, one rounding
+at the next QuantizeLinear, and every reason to decline."""
 
 from __future__ import annotations
 
@@ -19,6 +19,16 @@ def test_reducemean_is_an_int32_sum_within_one_output_step(axes, keepdims):
     out, report = lowered(g.model(), {"x": X}, 0.01 + 1e-6)
     assert op_counts(out).get("ReduceSum") == 1 and "ReduceMean" not in op_counts(out)
     assert report.counts["lower_integer"]["ReduceMean → ReduceSum (int32)"] == 1
+
+
+def test_global_average_pool_over_the_tokens():
+    """Hugging Face Swin's pooler, ``AdaptiveAvgPool1d(1)`` on ``[B, C, L]``, exports as GlobalAveragePool."""
+    g = G()
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.03, 4)
+    g.output(g.qdq(g.node("GlobalAveragePool", [x]), 0.01))
+    out, report = lowered(g.model(), {"x": X}, 0.01 + 1e-6)
+    assert op_counts(out).get("ReduceSum") == 1 and "GlobalAveragePool" not in op_counts(out)
+    assert report.counts["lower_integer"]["GlobalAveragePool → ReduceSum (int32)"] == 1
 
 
 def _decline_graph(case):

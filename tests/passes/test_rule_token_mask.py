@@ -45,6 +45,39 @@ def test_token_mask_sets_masked_probabilities_to_exactly_zero(build):
     assert np.all(run(out, FEEDS)[0].transpose(0, 3, 1, 2)[FEEDS["mask"] == 0] == 0)
 
 
+def _hf_mask(gather: str, keep_all: bool = True):
+    """Hugging Face transformers 5's padding mask with fixed shapes (after fold_constants): the bool mask
+    indexed by Gather (TorchScript: flattened, per-token indices) or GatherND (dynamo), ANDed with the
+    all-True bidirectional mask, then ``Where(mask, 0, -inf)`` added to the scores."""
+    g = G()
+    scores = g.qdq(g.input("s", [2, 1, 4, 4]), 0.05)
+    m = g.node("Cast", [g.input("mask", [2, 4], TensorProto.INT64)], to=TensorProto.BOOL)
+    if gather == "Gather":
+        flat = g.node("Reshape", [g.node("Flatten", [m], axis=2), g.const([-1], np.int64)])
+        idx = (np.arange(2)[:, None, None, None] * 4 + np.arange(4)).astype(np.int64)  # entry b * L + j
+        m = g.node("Gather", [flat, g.const(idx, np.int64)], axis=0)
+    else:
+        b, j = np.meshgrid(np.arange(2), np.arange(4), indexing="ij")
+        idx = np.stack([b, j], -1).reshape(2, 1, 1, 4, 2).astype(np.int64)
+        m = g.node("GatherND", [m, g.const(idx, np.int64)])
+    bidir = np.ones((1, 1, 4, 1), bool) if keep_all else np.tril(np.ones((4, 4), bool))[None, None]
+    m = g.node("And", [g.const(bidir, np.bool_), m])
+    bias = g.node("Where", [m, g.const(0.0), g.const(-np.inf)])
+    g.output(g.qdq(g.node("Softmax", [g.node("Add", [scores, bias])], axis=-1), 1 / 256, 0, np.uint8))
+    return g.model()
+
+
+@pytest.mark.parametrize("gather", ["Gather", "GatherND"])
+def test_hugging_face_padding_mask(gather):
+    out, report = lowered(_hf_mask(gather), FEEDS, 6 / 256)
+    assert "Softmax" not in op_counts(out) and "And" not in op_counts(out)
+    assert np.all(run(out, FEEDS)[0].transpose(0, 3, 1, 2)[FEEDS["mask"] == 0] == 0)
+
+
+def test_and_with_a_causal_constant_declines():
+    declines(_hf_mask("GatherND", keep_all=False), "And", "the constant is not true everywhere")
+
+
 def _decline_graph(case):
     g = G()
     f, f2 = g.input("f", [2, 4]), g.input("f2", [2, 4])

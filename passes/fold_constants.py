@@ -1,0 +1,308 @@
+"""fold_constants: fix the input shapes the user gave, then fold what constants and static shapes compute.
+
+Exporters keep shapes symbolic and compute shape-derived values at run time: Hugging Face Swin's window mask
+and ``view`` targets, the dynamo exporter's attention bias ``Where(Expand(True, Shape(x)...), 0, -max)``. The
+integer rules need them as numbers (a LayerNorm's channel count, a mask's values), so this pass:
+
+1. gives the graph inputs the shapes of ``Options.input_shapes`` (a dimension may stay symbolic: a batch);
+2. runs ONNX shape inference with data propagation (so ``Reshape`` targets computed from ``Shape`` resolve);
+3. simplifies what a symbolic batch keeps from folding: a constant ``Expand``-ed to a shape that its consumer
+   broadcasts to anyway is read unexpanded; adding an all-zero constant is no change; ``IsNaN`` of a
+   dequantized tensor is false everywhere (SDPA's ``Where(IsNaN(softmax), 0, softmax)`` guard);
+4. folds every subgraph of constants and static shapes with onnx-graphsurgeon's ``fold_constants``
+   (onnxruntime evaluates it), Q/DQ nodes excluded so quantized values stay integers for ``normalize``;
+
+and repeats 2-4 until nothing changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
+
+from ivit_onnx.errors import ConversionError, one_line
+from ivit_onnx.graph import const_array, node_label, producer, replace_uses
+from ivit_onnx.io import skeleton
+from ivit_onnx.pipeline import Context, Pass
+
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+#: elementwise ops with numpy broadcasting whose constant operands can be read unexpanded
+_BROADCASTING = ("Add", "Sub", "Mul", "Div", "Where", "Equal", "Less", "Greater", "And", "Or", "Not", "Cast")
+#: folded constants larger than this stay computed at run time (bytes)
+SIZE_LIMIT = 16 << 20
+ROUNDS = 6
+
+
+def _known(shape) -> bool:
+    """Every dimension is a number or a named symbol (a name stands for one value wherever it appears)."""
+    return shape is not None and all(isinstance(d, int) and d >= 0 or isinstance(d, str) and d for d in shape)
+
+
+def broadcast(*shapes) -> list | None:
+    """numpy's broadcast of shapes whose dimensions are numbers or symbols (None if it cannot be decided)."""
+    if not all(_known(s) for s in shapes):
+        return None
+    rank = max(len(s) for s in shapes)
+    out = []
+    for dims in zip(*[[1] * (rank - len(s)) + list(s) for s in shapes], strict=True):
+        rest = {d for d in dims if d != 1}
+        if len(rest) > 1:
+            return None
+        out.append(rest.pop() if rest else 1)
+    return out
+
+
+class FoldConstants(Pass):
+    name = "fold_constants"
+    guarantees = ("static_shapes_folded",)
+
+    def run(self, ctx: Context) -> bool:
+        changed = self._specialize(ctx)
+        for _ in range(ROUNDS):
+            _infer(ctx)
+            step = self._simplify(ctx) + self._fold(ctx)
+            changed |= bool(step)
+            if not step:
+                break
+        return changed
+
+    # ---- 1. input shapes ---------------------------------------------------------------------------------
+    def _specialize(self, ctx: Context) -> bool:
+        given = dict(ctx.options.input_shapes or {})
+        if not given:
+            return False
+        inputs = {t.name: t for t in ctx.graph.inputs}
+        unknown = sorted(set(given) - set(inputs))
+        if unknown:
+            raise ConversionError(
+                f"--shape {unknown[0]}: the model has no input of that name (inputs: {', '.join(inputs)})"
+            )
+        for name, dims in given.items():
+            t = inputs[name]
+            old = list(t.shape) if t.shape is not None else None
+            if old is not None and (len(old) != len(dims) or any(map(_differ, old, dims))):
+                shown = ",".join(str(d) if isinstance(d, int) else "?" for d in old)
+                raise ConversionError(f"--shape {name}: {dims} does not fit the input's shape [{shown}]")
+            # a dimension left symbolic keeps what the model has for it (a name, or a number)
+            old = old or [None] * len(dims)
+            t.shape = [d if isinstance(d, int) or o is None else o for d, o in zip(dims, old, strict=True)]
+            ctx.count(self.name, "input shape fixed")
+        return True
+
+    # ---- 3. simplifications --------------------------------------------------------------------------------
+    def _simplify(self, ctx: Context) -> int:
+        n = 0
+        for node in list(ctx.graph.nodes):
+            if not node.outputs:
+                continue
+            if node.op == "Where" and self._nan_guard(ctx, node):
+                n += 1
+            elif node.op in _BROADCASTING and self._unexpand(ctx, node):
+                n += 1
+            elif node.op in ("Add", "Sub") and self._add_zero(ctx, node):
+                n += 1
+        if n:
+            ctx.graph.cleanup().toposort()
+        return n
+
+    def _nan_guard(self, ctx: Context, node: gs.Node) -> bool:
+        """``Where(IsNaN(x), a, b)`` with ``x`` dequantized (never NaN), ``a`` a one-element constant → ``b``
+        when ``b`` has the output's shape (SDPA's guard of fully masked rows; integers are never NaN)."""
+        cond, a, b = node.inputs
+        isnan = producer(cond)
+        if isnan is None or isnan.op != "IsNaN" or not _dequantized(isnan.inputs[0]):
+            return False
+        k = const_array(a)
+        x = isnan.inputs[0]
+        if k is None or k.size != 1 or not (b is x or broadcast(x.shape, b.shape) == list(b.shape or [None])):
+            return False
+        self._bypass(ctx, node, b, "Where(IsNaN(dequantized), c, x) → x")
+        return True
+
+    def _unexpand(self, ctx: Context, node: gs.Node) -> bool:
+        """A constant ``Expand``-ed into ``node``: read it unexpanded where the broadcast of the operands
+        stays the same; when every other operand is constant, compute ``node`` on the constant and expand
+        after it. Shapes are compared symbolically (a batch dimension is the same name on both sides)."""
+        for i, t in enumerate(node.inputs):
+            ex = producer(t)
+            if ex is None or ex.op != "Expand" or const_array(ex.inputs[0]) is None:
+                continue
+            c, target = ex.inputs[0], ex.inputs[1]
+            others = [x.shape for j, x in enumerate(node.inputs) if j != i]
+            wide = broadcast(c.shape, shape_value(target) or [None])  # the Expand's output shape
+            if wide is None or broadcast(wide, *others) is None:
+                continue
+            if broadcast(c.shape, *others) == broadcast(wide, *others):
+                node.inputs[i] = c
+                ctx.count(self.name, "Expand of a constant read unexpanded")
+                return True
+            consts = [x for j, x in enumerate(node.inputs) if j != i and const_array(x) is not None]
+            if others and len(consts) == len(others) and broadcast(wide, *others) == wide:
+                # f(Expand(C, s), k) == Expand(f(C, k), s) when every k broadcasts into s
+                inner = gs.Variable(f"{node.outputs[0].name}/unexpanded", dtype=node.outputs[0].dtype)
+                args = [c if j == i else x for j, x in enumerate(node.inputs)]
+                inner_node = gs.Node(node.op, f"{node.name}/unexpanded", dict(node.attrs), args, [inner])
+                ctx.graph.nodes.append(inner_node)
+                out_t = node.outputs[0]
+                node.outputs.clear()
+                ctx.graph.nodes.append(gs.Node("Expand", f"{node.name}/expand", {}, [inner, target], [out_t]))
+                ctx.count(self.name, "Expand moved after its constant operands")
+                return True
+        return False
+
+    def _add_zero(self, ctx: Context, node: gs.Node) -> bool:
+        """``x + 0`` / ``x - 0`` with an all-zero constant that does not widen ``x`` → ``x``."""
+        for x, k in (node.inputs, node.inputs[::-1]) if node.op == "Add" else (node.inputs,):
+            v = const_array(k)
+            if v is not None and v.dtype.kind == "f" and not np.any(v) and (
+                broadcast(x.shape, v.shape) == list(x.shape or [None])
+            ):
+                self._bypass(ctx, node, x, f"{node.op} of zeros removed")
+                return True
+        return False
+
+    def _bypass(self, ctx: Context, node: gs.Node, keep: gs.Tensor, what: str) -> None:
+        out = node.outputs[0]
+        if out in ctx.graph.outputs:
+            ctx.graph.nodes.append(gs.Node("Identity", f"{node.name}/kept", {}, [keep], [out]))
+            node.outputs.clear()
+        else:
+            replace_uses(out, keep)
+        ctx.count(self.name, what)
+
+    # ---- 4. folding ----------------------------------------------------------------------------------------
+    def _fold(self, ctx: Context) -> int:
+        g = ctx.graph
+        before = len(g.nodes)
+        split = _shape_ranges_as_slices(g)
+        level = gs.logger.G_LOGGER.severity
+        gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
+        ort.set_default_logger_severity(3)  # the sessions it evaluates with warn about their own rewrites
+        try:
+            g.toposort()
+            g.fold_constants(
+                fold_shapes=True,
+                size_threshold=SIZE_LIMIT,
+                should_exclude_node=lambda node: node.op in _QDQ,
+            )
+            g.cleanup().toposort()
+        finally:
+            gs.logger.G_LOGGER.severity = level
+            ort.set_default_logger_severity(2)
+        _rejoin(g, split)
+        for t in g.tensors().values():  # folded values: own arrays (0-d ones as arrays, not scalars)
+            if isinstance(t, gs.Constant) and not isinstance(t.values, np.ndarray):
+                t.values = np.asarray(t.values.load())
+        folded = before - len(g.nodes)
+        if folded > 0:
+            ctx.count(self.name, "nodes folded", folded)
+        return max(folded, 0)
+
+
+def shape_value(t: gs.Tensor) -> list | None:
+    """The value of a 1-d shape tensor as dimensions (numbers, or the symbols of the tensors it measures)
+    when it is computed from constants and ``Shape`` through Slice/Gather/Concat/Unsqueeze/Squeeze/Cast;
+    else None. (ONNX data propagation loses the symbols.)"""
+    v = const_array(t)
+    if v is not None:
+        return [int(d) for d in v.reshape(-1)] if v.dtype.kind in "iu" and v.ndim <= 1 else None
+    p = producer(t)
+    if p is None:
+        return None
+    if p.op == "Shape":
+        shape = p.inputs[0].shape
+        return None if shape is None else list(shape)[p.attrs.get("start", 0) : p.attrs.get("end", None)]
+    src = shape_value(p.inputs[0]) if p.inputs else None
+    if src is None and p.op != "Concat":
+        return None
+    if p.op in ("Unsqueeze", "Squeeze", "Cast", "Identity"):
+        return src
+    if p.op == "Concat":
+        parts = [shape_value(x) for x in p.inputs]
+        return None if any(x is None for x in parts) else [d for x in parts for d in x]
+    args = [const_array(x) for x in p.inputs[1:]]
+    if any(a is None for a in args):
+        return None
+    if p.op == "Gather" and p.attrs.get("axis", 0) == 0:
+        return [src[int(k)] for k in args[0].reshape(-1)]
+    if p.op == "Slice" and (len(args) < 3 or int(args[2].reshape(-1)[0]) in (0, -1)):
+        step = int(args[3].reshape(-1)[0]) if len(args) > 3 else 1
+        return src[int(args[0].reshape(-1)[0]) : int(args[1].reshape(-1)[0]) : step]
+    return None
+
+
+def _shape_ranges_as_slices(g: gs.Graph) -> dict[str, dict]:
+    """``Shape(x, start, end)`` (opset 15) → ``Slice(Shape(x), start, end)``: onnx-graphsurgeon 0.6 folds a
+    Shape node to the whole shape whatever its ``start``/``end``, and folds a Slice of a Shape correctly.
+    Returns the Slices made, by name, with the attributes to restore where they do not fold."""
+    made = {}
+    for node in [n for n in g.nodes if n.op == "Shape" and ("start" in n.attrs or "end" in n.attrs)]:
+        attrs = dict(node.attrs)
+        start, end = node.attrs.pop("start", 0), node.attrs.pop("end", None)
+        whole = gs.Variable(f"{node.outputs[0].name}/whole", dtype=np.int64)
+        ends = np.array([np.iinfo(np.int64).max if end is None else end], np.int64)
+        bounds = {"start": np.array([start], np.int64), "end": ends, "axis": np.array([0], np.int64)}
+        args = [whole, *(gs.Constant(f"{node.name}/{k}", v) for k, v in bounds.items())]
+        out = node.outputs[0]
+        node.outputs = [whole]
+        g.nodes.append(gs.Node("Slice", f"{node.name}/range", {}, args, [out]))
+        made[f"{node.name}/range"] = attrs
+    g.toposort()
+    return made
+
+
+def _rejoin(g: gs.Graph, made: dict[str, dict]) -> None:
+    """Undo :func:`_shape_ranges_as_slices` where the Shape did not fold (a symbolic dimension)."""
+    for node in [n for n in g.nodes if n.name in made and n.op == "Slice"]:
+        shape = producer(node.inputs[0])
+        if shape is None or shape.op != "Shape" or len(node.inputs[0].outputs) != 1:
+            continue
+        shape.attrs = made[node.name]
+        shape.outputs = [node.outputs[0]]
+        node.outputs.clear()
+    g.cleanup().toposort()
+
+
+def _differ(a, b) -> bool:
+    """Two dimensions that are both numbers and differ."""
+    return isinstance(a, int) and isinstance(b, int) and a != b
+
+
+def _dequantized(t: gs.Tensor) -> bool:
+    p = producer(t)
+    return p is not None and p.op == "DequantizeLinear"
+
+
+def _infer(ctx: Context) -> None:
+    """ONNX shape inference with data propagation over the graph; shapes and dtypes written onto the tensors
+    (a dimension inference cannot tell keeps what the graph had)."""
+    g = ctx.graph
+    try:
+        model = gs.export_onnx(g, do_type_check=False)
+        model.ir_version = ctx.ir_version
+        del model.opset_import[:]
+        model.opset_import.extend(
+            onnx.helper.make_opsetid(d, v) for d, v in sorted(ctx.opset_imports.items())
+        )
+        model.functions.extend(ctx.functions)
+        inferred = onnx.shape_inference.infer_shapes(skeleton(model), strict_mode=False, data_prop=True)
+    except Exception as e:  # noqa: BLE001 - InferenceError, ValidationError, RuntimeError
+        at = f" after folding at {node_label(g.nodes[0])}" if g.nodes else ""
+        raise ConversionError(f"shape inference failed{at}: {one_line(e)}") from None
+    tensors = g.tensors()
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        t = tensors.get(vi.name)
+        tt = vi.type.tensor_type
+        if t is None or isinstance(t, gs.Constant) or not vi.type.HasField("tensor_type"):
+            continue
+        if tt.elem_type:
+            t.dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if tt.HasField("shape"):
+            old = list(t.shape) if t.shape is not None and len(t.shape) == len(tt.shape.dim) else None
+            t.shape = [
+                d.dim_value if d.HasField("dim_value") else d.dim_param or (old[k] if old else None)
+                for k, d in enumerate(tt.shape.dim)
+            ]
+

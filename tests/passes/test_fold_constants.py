@@ -1,0 +1,121 @@
+"""fold_constants: input shapes fixed by the user, shape-derived subgraphs folded, the exporters' forms that a
+symbolic batch keeps from folding simplified (SDPA's NaN guard, the dynamo attention bias, adding zeros)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, numpy_helper
+
+from ivit_onnx import ConversionError, Pipeline
+from ivit_onnx.passes.fold_constants import broadcast
+from ivit_onnx.pipeline import Options
+from tests.graphs import G, op_counts
+from tests.passes._rules import X, lowered
+
+
+def _folded(model, **options):
+    out, report = Pipeline.default().run(model, Options(**options), stop_after="fold_constants")
+    return out, report.counts.get("fold_constants", {})
+
+
+def test_broadcast_of_symbolic_shapes():
+    assert broadcast(["N", 4, 17, 17], [1, 1, 17, 1]) == ["N", 4, 17, 17]
+    assert broadcast(["N", 1, 17, 17], [1]) == ["N", 1, 17, 17]
+    assert broadcast(["N", 4], ["M", 4]) is None  # two symbols: undecided
+    assert broadcast([None, 4], [1, 4]) is None
+
+
+def test_nan_guard_of_a_dequantized_softmax_is_dropped():
+    """SDPA's ``Where(IsNaN(p), 0, p)`` around a quantized softmax: integers are never NaN."""
+    g = G()
+    x = g.qdq(g.input("x", ["N", 6, 16]), 0.05)
+    p = g.qdq(g.node("Softmax", [x], axis=-1), 1 / 128)
+    guarded = g.node("Where", [g.node("IsNaN", [p]), g.const(0.0), p])
+    g.output(g.qdq(guarded, 1 / 128))
+    out, counts = _folded(g.model())
+    assert counts["Where(IsNaN(dequantized), c, x) → x"] == 1
+    assert "IsNaN" not in op_counts(out) and "Where" not in op_counts(out)
+    lowered(g.model(), {"x": X}, atol=3 / 128)  # Shiftmax is within 3 output steps of softmax
+
+
+def test_nan_guard_of_a_float_tensor_stays():
+    """``IsNaN`` of a float (not dequantized) tensor may be true: nothing is dropped."""
+    g = G()
+    x = g.input("x", ["N", 6, 16])
+    g.output(g.node("Where", [g.node("IsNaN", [x]), g.const(0.0), x]))
+    out, counts = _folded(g.model())
+    assert op_counts(out).get("IsNaN") == 1 and not counts.get("Where(IsNaN(dequantized), c, x) → x")
+
+
+def _dynamo_bias(g: G, x: str, keep: np.ndarray) -> str:
+    """The dynamo exporter's attention bias: ``Where(Expand(keep, [batch, 1, L, L]), 0, -max)``."""
+    batch = g.node("Shape", [g.input("x_shape_src", ["N", 4, 6, 6])], start=0, end=1)
+    target = g.node("Concat", [batch, g.const(np.array([1, 6, 6], np.int64), np.int64)], axis=0)
+    mask = g.node("Expand", [g.const(keep, np.bool_), target])
+    bias = g.node("Where", [mask, g.const(0.0), g.const(np.finfo(np.float32).min)])
+    return g.node("Add", [x, bias])
+
+
+def test_dynamo_attention_bias_of_all_true_folds_away():
+    """With a symbolic batch the Expand cannot fold; it moves after the Where, is read unexpanded by the Add,
+    and the all-zero bias then drops out."""
+    g = G()
+    x = g.qdq(g.input("x", ["N", 4, 6, 6]), 0.05)
+    g.output(g.qdq(g.node("Softmax", [_dynamo_bias(g, x, np.ones((1, 1, 6, 1), bool))], axis=-1), 1 / 128))
+    out, counts = _folded(g.model())
+    assert counts["Expand moved after its constant operands"] == 1
+    assert counts["Expand of a constant read unexpanded"] == 1
+    assert counts["Add of zeros removed"] == 1
+    assert not {"Where", "Expand", "Add"} & set(op_counts(out))
+    x = X[:1, :6, :6].reshape(1, 1, 6, 6).repeat(4, 1)
+    feeds = {"x": x, "x_shape_src": np.zeros((1, 4, 6, 6), np.float32)}
+    lowered(g.model(), feeds, atol=3 / 128)  # Shiftmax is within 3 output steps of softmax
+
+
+def test_shape_with_start_and_end_folds_to_its_range():
+    """``Shape(x, start=1, end=3)`` folds to dims 1..2 (onnx-graphsurgeon 0.6 alone would fold the whole
+    shape), so a Reshape target computed from it is right."""
+    g = G()
+    x = g.qdq(g.input("x", ["N", 6, 16]), 0.05)
+    dims = g.node("Shape", [x], start=1, end=3)
+    target = g.node("Concat", [g.const(np.array([-1], np.int64), np.int64), dims], axis=0)
+    g.output(g.qdq(g.node("Reshape", [x, target]), 0.05))
+    out, _ = _folded(g.model())
+    shapes = [numpy_helper.to_array(t) for t in out.graph.initializer if t.data_type == TensorProto.INT64]
+    assert any(np.array_equal(s, [-1, 6, 16]) for s in shapes), shapes
+    lowered(g.model(), {"x": X}, atol=1e-6)
+
+
+def _swin_like(symbolic_width: bool):
+    """A LayerNorm whose channel count comes from a ``view`` to a shape computed at run time (HF Swin)."""
+    g = G()
+    x = g.qdq(g.input("x", ["N", 6, "W" if symbolic_width else 16]), 0.05)
+    shape = g.node("Shape", [x])
+    ranges = ((0, 2, 0), (2, 3, 0))  # dims [0:2] and [2:3] along axis 0
+    parts = [g.node("Slice", [shape, *(g.const([k], np.int64) for k in r)]) for r in ranges]
+    target = g.node("Concat", parts, axis=0)
+    y = g.node("Reshape", [g.node("Transpose", [x], perm=[0, 1, 2]), target])
+    ln = g.node("LayerNormalization", [y, g.const(np.ones(16)), g.const(np.zeros(16))], axis=-1)
+    g.output(g.qdq(ln, 0.05))
+    return g.model()
+
+
+def test_input_shape_makes_the_channel_count_known():
+    with pytest.raises(ConversionError, match="the channel count is unknown"):
+        Pipeline.default().run(_swin_like(True))
+    lowered(_swin_like(True), {"x": X}, atol=0.05 * 2, input_shapes={"x": ["N", 6, 16]})
+
+
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        ({"y": [2, 6, 16]}, "--shape y: the model has no input of that name (inputs: x)"),
+        ({"x": [2, 6]}, "--shape x: [2, 6] does not fit the input's shape [?,6,?]"),
+        ({"x": [2, 7, 16]}, "--shape x: [2, 7, 16] does not fit the input's shape [?,6,?]"),
+    ],
+)
+def test_input_shape_errors_name_the_input(shapes, message):
+    with pytest.raises(ConversionError) as e:
+        Pipeline.default().run(_swin_like(True), Options(input_shapes=shapes))
+    assert str(e.value) == message
