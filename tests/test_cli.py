@@ -60,7 +60,7 @@ def test_float_island_exit_2_and_allow_float(tmp_path):
 
 
 def test_rewrite_shape_fixes_the_input_and_keeps_a_named_dimension(tmp_path):
-    """``--shape x=N,6,16``: the numbers are fixed, a name keeps a dimension symbolic (as the model names it)."""
+    """``--shape x=N,6,16``: numbers fix dimensions, a name keeps one symbolic (as the model names it)."""
     from tests.passes.test_fold_constants import _swin_like
 
     src, out = tmp_path / "fq.onnx", tmp_path / "int.onnx"
