@@ -7,8 +7,7 @@ integer rules need them as numbers (a LayerNorm's channel count, a mask's values
 1. gives the graph inputs the shapes of ``Options.input_shapes`` (a dimension may stay symbolic: a batch);
 2. runs ONNX shape inference with data propagation (so ``Reshape`` targets computed from ``Shape`` resolve);
 3. simplifies what a symbolic batch keeps from folding: a constant ``Expand``-ed to a shape that its consumer
-   broadcasts to anyway is read unexpanded; adding an all-zero constant is no change; ``IsNaN`` of a
-   dequantized tensor is false everywhere (SDPA's ``Where(IsNaN(softmax), 0, softmax)`` guard);
+   broadcasts to anyway is read unexpanded; adding an all-zero constant is no change;
 4. folds every subgraph of constants and static shapes with onnx-graphsurgeon's ``fold_constants``
    (onnxruntime evaluates it), Q/DQ nodes excluded so quantized values stay integers for ``normalize``;
 
@@ -97,29 +96,13 @@ class FoldConstants(Pass):
         for node in list(ctx.graph.nodes):
             if not node.outputs:
                 continue
-            if node.op == "Where" and self._nan_guard(ctx, node):
-                n += 1
-            elif node.op in _BROADCASTING and self._unexpand(ctx, node):
+            if node.op in _BROADCASTING and self._unexpand(ctx, node):
                 n += 1
             elif node.op in ("Add", "Sub") and self._add_zero(ctx, node):
                 n += 1
         if n:
             ctx.graph.cleanup().toposort()
         return n
-
-    def _nan_guard(self, ctx: Context, node: gs.Node) -> bool:
-        """``Where(IsNaN(x), a, b)`` with ``x`` dequantized (never NaN), ``a`` a one-element constant → ``b``
-        when ``b`` has the output's shape (SDPA's guard of fully masked rows; integers are never NaN)."""
-        cond, a, b = node.inputs
-        isnan = producer(cond)
-        if isnan is None or isnan.op != "IsNaN" or not _dequantized(isnan.inputs[0]):
-            return False
-        k = const_array(a)
-        x = isnan.inputs[0]
-        if k is None or k.size != 1 or not (b is x or broadcast(x.shape, b.shape) == list(b.shape or [None])):
-            return False
-        self._bypass(ctx, node, b, "Where(IsNaN(dequantized), c, x) → x")
-        return True
 
     def _unexpand(self, ctx: Context, node: gs.Node) -> bool:
         """A constant ``Expand``-ed into ``node``: read it unexpanded where the broadcast of the operands
@@ -268,11 +251,6 @@ def _rejoin(g: gs.Graph, made: dict[str, dict]) -> None:
 def _differ(a, b) -> bool:
     """Two dimensions that are both numbers and differ."""
     return isinstance(a, int) and isinstance(b, int) and a != b
-
-
-def _dequantized(t: gs.Tensor) -> bool:
-    p = producer(t)
-    return p is not None and p.op == "DequantizeLinear"
 
 
 def _infer(ctx: Context) -> None:

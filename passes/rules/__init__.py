@@ -11,6 +11,7 @@ from . import (
     lookup,
     mask,
     masked_pool,
+    nan_guard,
     nonlinear,
     pad,
     pool,
@@ -41,7 +42,7 @@ LOWERING = (
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
 # Tried before the table's rule for their op: token masks (two-valued floats of the int64 mask input),
-# masked mean pooling, constant attention masks before Softmax.
-RULES = chain.ahead(RULES, (*token_mask.RULES, *masked_pool.RULES, mask.MaskedAdd()))
+# masked mean pooling, constant attention masks before Softmax, SDPA's NaN guard.
+RULES = chain.ahead(RULES, (*token_mask.RULES, *masked_pool.RULES, mask.MaskedAdd(), *nan_guard.RULES))
 
 __all__ = ["LOWERING", "RULES", "Lowerer", "Outcome"]

@@ -146,17 +146,29 @@ class MaskArith(Rule):
         return _record(lw, m.root.outputs[0], TwoValued(src.keep, apply(src.on), apply(src.off)))
 
 
+def _branch(lw, t: gs.Tensor, keep: gs.Tensor) -> tuple[np.float32, np.float32] | None:
+    """A Where branch's values where the mask is 1 and 0: a scalar constant, or a token mask of the same
+    integer mask (Optimum's BERT: ``Where(bool(1 - mask), finfo.min, 1 - mask)``)."""
+    k = _scalar(lw, t)
+    if k is not None:
+        return k, k
+    tm = lookup(lw, t)
+    return (tm.on, tm.off) if tm is not None and tm.keep is keep else None
+
+
 class MaskWhere(Rule):
-    """``Where(mask, a, b)`` with scalar constants ``a``, ``b``; ``Not(mask)`` swaps the values."""
+    """``Where(mask, a, b)`` with ``a``, ``b`` scalar constants or token masks of the same mask; ``Not(mask)``
+    swaps the values."""
 
     pattern = Op(("Where", "Not"), Var("c"))
     label = "token mask select"
 
     def check(self, lw, m):
-        if lookup(lw, m.c) is None:
+        src = lookup(lw, m.c)
+        if src is None:
             return "condition is not a token mask"
-        if m.root.op == "Where" and any(_scalar(lw, t) is None for t in m.root.inputs[1:3]):
-            return "branches are not scalar constants"
+        if m.root.op == "Where" and any(_branch(lw, t, src.keep) is None for t in m.root.inputs[1:3]):
+            return "branches are not scalar constants nor the same token mask"
         return None
 
     def rewrite(self, lw, m):
@@ -164,8 +176,8 @@ class MaskWhere(Rule):
         if m.root.op == "Not":
             value = TwoValued(src.keep, np.float32(not src.on), np.float32(not src.off))
         else:
-            a, b = (_scalar(lw, t) for t in m.root.inputs[1:3])
-            value = TwoValued(src.keep, a if src.on else b, a if src.off else b)
+            (a_on, a_off), (b_on, b_off) = (_branch(lw, t, src.keep) for t in m.root.inputs[1:3])
+            value = TwoValued(src.keep, a_on if src.on else b_on, a_off if src.off else b_off)
         return _record(lw, m.root.outputs[0], value)
 
 

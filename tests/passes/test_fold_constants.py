@@ -1,5 +1,5 @@
 """fold_constants: input shapes fixed by the user, shape-derived subgraphs folded, the exporters' forms that a
-symbolic batch keeps from folding simplified (SDPA's NaN guard, the dynamo attention bias, adding zeros)."""
+symbolic batch keeps from folding simplified (the dynamo attention bias, adding zeros)."""
 
 from __future__ import annotations
 
@@ -24,28 +24,6 @@ def test_broadcast_of_symbolic_shapes():
     assert broadcast(["N", 1, 17, 17], [1]) == ["N", 1, 17, 17]
     assert broadcast(["N", 4], ["M", 4]) is None  # two symbols: undecided
     assert broadcast([None, 4], [1, 4]) is None
-
-
-def test_nan_guard_of_a_dequantized_softmax_is_dropped():
-    """SDPA's ``Where(IsNaN(p), 0, p)`` around a quantized softmax: integers are never NaN."""
-    g = G()
-    x = g.qdq(g.input("x", ["N", 6, 16]), 0.05)
-    p = g.qdq(g.node("Softmax", [x], axis=-1), 1 / 128)
-    guarded = g.node("Where", [g.node("IsNaN", [p]), g.const(0.0), p])
-    g.output(g.qdq(guarded, 1 / 128))
-    out, counts = _folded(g.model())
-    assert counts["Where(IsNaN(dequantized), c, x) → x"] == 1
-    assert "IsNaN" not in op_counts(out) and "Where" not in op_counts(out)
-    lowered(g.model(), {"x": X}, atol=3 / 128)  # Shiftmax is within 3 output steps of softmax
-
-
-def test_nan_guard_of_a_float_tensor_stays():
-    """``IsNaN`` of a float (not dequantized) tensor may be true: nothing is dropped."""
-    g = G()
-    x = g.input("x", ["N", 6, 16])
-    g.output(g.node("Where", [g.node("IsNaN", [x]), g.const(0.0), x]))
-    out, counts = _folded(g.model())
-    assert op_counts(out).get("IsNaN") == 1 and not counts.get("Where(IsNaN(dequantized), c, x) → x")
 
 
 def _dynamo_bias(g: G, x: str, keep: np.ndarray) -> str:

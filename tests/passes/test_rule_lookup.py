@@ -1,5 +1,6 @@
 """Table lookups (passes/rules/lookup.py): Tanh / Sigmoid of an 8-bit input, quantized after, as a Gather of
-a 256-entry table equal to the fake-quant model; wider inputs and unquantized outputs declined."""
+a 256-entry table equal to the fake-quant model; an int32 accumulator through an int16 table within one output
+step; a float input declined."""
 
 from __future__ import annotations
 
@@ -25,20 +26,24 @@ def test_table_equals_the_fake_quant_model_on_every_input(op, dtype, zp):
     assert report.counts["lower_integer"][f"{op} → table lookup (Gather)"] == 1
 
 
-def _decline_graph(case):
-    g = G(opset=21)  # 16-bit Q/DQ
-    x = g.qdq(g.input("x", [2, 6, 16]), 0.03, 0, np.int16 if case == "int16" else np.int8)
-    y = g.node("Tanh", [x])
-    g.output(y if case == "float_out" else g.qdq(y, 1 / 127))
-    return g.model()
+@pytest.mark.parametrize("op", ["Tanh", "Sigmoid"])
+def test_int32_accumulator_input_within_one_output_step(op):
+    """NNCF's pooler: a Gemm's int32 accumulator (not requantized) into Tanh, whose output a per-channel Mul
+    (SmoothQuant) reads before the QuantizeLinear: an int16 requantize, a 65536-entry table into int16."""
+    g = G()
+    x = g.qdq(g.input("x", [2, 16]), 0.03)
+    w = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    y = g.node(op, [g.node("MatMul", [x, g.weight(w, axis=1)])])
+    y = g.node("Mul", [y, g.const(np.linspace(0.5, 2.0, 8))])
+    g.output(g.qdq(y, 2 / 127))
+    xs = (np.random.default_rng(4).standard_normal((2, 16)) * 2).astype(np.float32)
+    out, report = lowered(g.model(), {"x": xs}, atol=2 / 127 + 1e-6)
+    assert report.counts["lower_integer"][f"{op} → table lookup (Gather)"] == 1
 
 
-@pytest.mark.parametrize(
-    "case, reason",
-    [
-        ("int16", "a table lookup needs an 8-bit per-tensor input, got int16"),
-        ("float_out", "its output is not quantized"),
-    ],
-)
-def test_declines_with_the_reason(case, reason):
-    declines(_decline_graph(case), "Tanh", reason)
+def test_float_input_declines():
+    g = G()
+    x = g.input("x", [2, 6, 16])
+    y = g.node("Tanh", [g.node("Sin", [g.qdq(x, 0.03)])])
+    g.output(g.qdq(y, 1 / 127))
+    declines(g.model(), "Tanh", "is not quantized")
