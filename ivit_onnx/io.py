@@ -169,12 +169,10 @@ def fold_quantized_weights(model: onnx.ModelProto) -> onnx.ModelProto:
             and len(n.input) >= 3
             and n.input[2]
         ):
-            x = numpy_helper.to_array(inits[n.input[0]])
-            if x.dtype.kind == "f":
+            x, scale = numpy_helper.to_array(inits[n.input[0]]), numpy_helper.to_array(inits[n.input[1]])
+            if x.dtype.kind == "f" and np.all(np.isfinite(scale)) and np.all(scale > 0):  # else refused later
                 a = next((a.i for a in n.attribute if a.name == "axis"), 1)
-                folded[n.output[0]] = quantize(
-                    x, numpy_helper.to_array(inits[n.input[1]]), numpy_helper.to_array(inits[n.input[2]]), a
-                )
+                folded[n.output[0]] = quantize(x, scale, numpy_helper.to_array(inits[n.input[2]]), a)
     if not folded:
         return model
     out = onnx.ModelProto()

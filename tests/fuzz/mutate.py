@@ -119,6 +119,42 @@ def change_init_shape(m, rng):
     return f"initializer {t.name} reshaped"
 
 
+def shrink_constant(m, rng):
+    """A float initializer as a 0-d scalar, a one-element tensor or a broadcast row of its own values (the
+    shapes exporters give scales and operands: every constant fold must keep them)."""
+    t = rng.choice([t for t in m.graph.initializer if t.data_type == TensorProto.FLOAT])
+    a = numpy_helper.to_array(t)
+    first = a.reshape(-1)[:1] if a.size else np.zeros(1, a.dtype)
+    shapes = {0: lambda: first.reshape(()), 1: lambda: first.reshape(1)}
+    shapes[2] = lambda: (a.reshape(-1, a.shape[-1])[:1].reshape([1] * (a.ndim - 1) + [a.shape[-1]])
+                         if a.ndim else first.reshape(1, 1))
+    _set(t, shapes[rng.randrange(3)]())
+    return f"initializer {t.name} shrunk"
+
+
+def quantized_constant_operand(m, rng):
+    """An input of an elementwise or GEMM node replaced by QuantizeLinear → DequantizeLinear of a float
+    constant of a small shape (0-d, [1], a row), with or without a zero point (onnxruntime quantizes such)."""
+    ops = ("Add", "Mul", "Sub", "Div", "MatMul")
+    node = rng.choice([n for n in m.graph.node if n.op_type in ops and n.input])
+    k = rng.randrange(len(node.input))
+    shape = rng.choice([(), (1,), (1, 1, rng.choice([1, 16]))])
+    base = f"fuzz_c{len(m.graph.initializer)}"
+    value = np.asarray(np.random.default_rng(rng.randrange(1 << 30)).uniform(-2, 2, shape), np.float32)
+    m.graph.initializer.extend([
+        numpy_helper.from_array(value, base),
+        numpy_helper.from_array(np.asarray(rng.choice([0.01, 0.02, 1.0]), np.float32), base + "_s"),
+        numpy_helper.from_array(np.asarray(0, np.int8), base + "_z"),
+    ])
+    zp = [base + "_z"] if rng.random() < 0.5 else []
+    q = onnx.helper.make_node("QuantizeLinear", [base, base + "_s", *zp], [base + "_q"], name=base + "_Q")
+    dq = onnx.helper.make_node("DequantizeLinear", [base + "_q", base + "_s", *zp], [base + "_dq"])
+    m.graph.node.insert(0, dq)
+    m.graph.node.insert(0, q)
+    node.input[k] = base + "_dq"
+    return f"input {k} of {node.op_type} a quantized {list(shape)} constant"
+
+
 def change_input(m, rng):
     vi = rng.choice(list(m.graph.input))
     tt = vi.type.tensor_type
@@ -235,6 +271,8 @@ MUTATIONS = [
     change_init_dtype,
     cast_init,
     change_init_shape,
+    shrink_constant,
+    quantized_constant_operand,
     change_input,
     bad_scale,
     bad_zero_point,
