@@ -163,14 +163,13 @@ class FoldConstants(Pass):
         level = gs.logger.G_LOGGER.severity
         gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
         ort.set_default_logger_severity(3)  # the sessions it evaluates with warn about their own rewrites
-        try:
-            g.toposort()
+        try:  # the graph is in topological order (as imported, or sorted after each change)
             g.fold_constants(
                 fold_shapes=True,
                 size_threshold=SIZE_LIMIT,
                 should_exclude_node=lambda node: node.op in _QDQ,
             )
-            g.cleanup().toposort()
+            g.cleanup()  # folding removes nodes only: the order stays topological
         finally:
             gs.logger.G_LOGGER.severity = level
             ort.set_default_logger_severity(2)
@@ -232,12 +231,14 @@ def _shape_ranges_as_slices(g: gs.Graph) -> dict[str, dict]:
         node.outputs = [whole]
         g.nodes.append(gs.Node("Slice", f"{node.name}/range", {}, args, [out]))
         made[f"{node.name}/range"] = attrs
-    g.toposort()
+    if made:
+        g.toposort()
     return made
 
 
 def _rejoin(g: gs.Graph, made: dict[str, dict]) -> None:
     """Undo :func:`_shape_ranges_as_slices` where the Shape did not fold (a symbolic dimension)."""
+    joined = False
     for node in [n for n in g.nodes if n.name in made and n.op == "Slice"]:
         shape = producer(node.inputs[0])
         if shape is None or shape.op != "Shape" or len(node.inputs[0].outputs) != 1:
@@ -245,7 +246,9 @@ def _rejoin(g: gs.Graph, made: dict[str, dict]) -> None:
         shape.attrs = made[node.name]
         shape.outputs = [node.outputs[0]]
         node.outputs.clear()
-    g.cleanup().toposort()
+        joined = True
+    if joined:
+        g.cleanup()  # each Shape already came before its Slice's readers
 
 
 def _differ(a, b) -> bool:
