@@ -22,9 +22,11 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
 from ivit_onnx.errors import ConversionError, one_line
-from ivit_onnx.graph import const_array, node_label, producer, replace_uses
+from ivit_onnx.graph import const_array, producer, replace_uses
 from ivit_onnx.io import skeleton
 from ivit_onnx.pipeline import Context, Pass
+
+from .normalize import REFUSED
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 #: elementwise ops with numpy broadcasting whose constant operands can be read unexpanded
@@ -60,7 +62,10 @@ class FoldConstants(Pass):
     def run(self, ctx: Context) -> bool:
         changed = self._specialize(ctx)
         for _ in range(ROUNDS):
-            _infer(ctx)
+            why = _infer(ctx)
+            if why:  # a graph ONNX cannot re-infer (e.g. int4 initializers): the passes after it say why
+                ctx.notes.setdefault("declined", {})[self.name] = f"{self.name}: {why}"
+                break
             step = self._simplify(ctx) + self._fold(ctx)
             changed |= bool(step)
             if not step:
@@ -167,7 +172,7 @@ class FoldConstants(Pass):
             g.fold_constants(
                 fold_shapes=True,
                 size_threshold=SIZE_LIMIT,
-                should_exclude_node=lambda node: node.op in _QDQ,
+                should_exclude_node=_kept,
             )
             g.cleanup()  # folding removes nodes only: the order stays topological
         finally:
@@ -251,14 +256,20 @@ def _rejoin(g: gs.Graph, made: dict[str, dict]) -> None:
         g.cleanup()  # each Shape already came before its Slice's readers
 
 
+def _kept(node: gs.Node) -> bool:
+    """Nodes never folded: Q/DQ (``normalize`` folds quantized constants into integers), ops of other domains
+    and the toolkit forms ``normalize`` refuses (evaluating them would hide the refusal)."""
+    return node.op in _QDQ or node.domain not in (None, "", "ai.onnx") or node.op in REFUSED
+
+
 def _differ(a, b) -> bool:
     """Two dimensions that are both numbers and differ."""
     return isinstance(a, int) and isinstance(b, int) and a != b
 
 
-def _infer(ctx: Context) -> None:
+def _infer(ctx: Context) -> str | None:
     """ONNX shape inference with data propagation over the graph; shapes and dtypes written onto the tensors
-    (a dimension inference cannot tell keeps what the graph had)."""
+    (a dimension inference cannot tell keeps what the graph had). Returns why it failed, if it did."""
     g = ctx.graph
     try:
         model = gs.export_onnx(g, do_type_check=False)
@@ -270,8 +281,7 @@ def _infer(ctx: Context) -> None:
         model.functions.extend(ctx.functions)
         inferred = onnx.shape_inference.infer_shapes(skeleton(model), strict_mode=False, data_prop=True)
     except Exception as e:  # noqa: BLE001 - InferenceError, ValidationError, RuntimeError
-        at = f" after folding at {node_label(g.nodes[0])}" if g.nodes else ""
-        raise ConversionError(f"shape inference failed{at}: {one_line(e)}") from None
+        return f"shape inference failed ({one_line(e)})"
     tensors = g.tensors()
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
         t = tensors.get(vi.name)

@@ -24,7 +24,7 @@ _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _INT_TYPES = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
 
 #: ops that quantization toolkits emit which have no integer-only form here, with the reason
-_REFUSED = {
+REFUSED = {
     "MatMulNBits": "block-quantized 2..8-bit weight matmul (MatMulNBits); export int8 QDQ weights instead",
     "MatMulBnb4": "4-bit bitsandbytes weight matmul (MatMulBnb4); export int8 QDQ weights instead",
     "GatherBlockQuantized": "block-quantized gather (GatherBlockQuantized); export int8 QDQ weights instead",
@@ -122,6 +122,9 @@ class Normalize(Pass):
         g = ctx.graph
         if ctx.opset < 13:
             raise ConversionError(f"opset {ctx.opset} is too old: ivit-onnx needs opset 13 or newer")
+        refused = next((n for n in g.nodes if n.op in REFUSED), None)
+        if refused is not None:  # a toolkit form with no integer meaning: said first, whatever else is there
+            raise ConversionError(f"{node_label(refused)}: {REFUSED[refused.op]}")
         if not any(n.op in _QDQ or is_qonnx(n) for n in g.nodes):
             raise ConversionError("no QuantizeLinear/DequantizeLinear nodes: not a fake-quant (QDQ) model")
         changed = self._fold_constant_nodes(ctx)
@@ -136,8 +139,6 @@ class Normalize(Pass):
                 self._bypass(ctx, node)
                 changed = True
         for node in g.nodes:
-            if node.op in _REFUSED:
-                raise ConversionError(f"{node_label(node)}: {_REFUSED[node.op]}")
             if node.op in _QDQ:
                 changed |= self._explicit_zero_point(ctx, node)
                 self._check_params(node)

@@ -3,8 +3,8 @@
 Each toolkit quantizes the bundled digits ViT with its documented API on the CPU (torch toolkits from
 the trained torch model, ONNX toolkits from the bundled FP32 file), and the result is converted in strict
 mode: no float tensor left, the expected op counts, top-1 agreement with the fake-quant model >= 99% and
-accuracy within 0.5 point on the digits test split. ModelOpt's defaults leave the 10-class head float
-(it skips GEMMs with fewer than 16 outputs), so strict mode must refuse it with the reason and
+accuracy at most 0.5 point below it on the digits test split. ModelOpt's defaults leave the 10-class head
+float (it skips GEMMs with fewer than 16 outputs), so strict mode must refuse it with the reason and
 ``allow_float`` converts everything else; with that rule off it converts fully. Each test prints one
 JSON line with its numbers (``-s``).
 """
@@ -53,7 +53,8 @@ def _compare(fq_path, model, digits, name, tool_version):
     }
     print("TOOLKIT " + json.dumps(result))
     assert result["agreement"] >= 99.0, result
-    assert abs(result["integer_accuracy"] - result["fake_quant_accuracy"]) <= 0.5, result
+    # the integer model may not lose more than half a point (it may gain: closer to the float model)
+    assert result["integer_accuracy"] >= result["fake_quant_accuracy"] - 0.5, result
     return result
 
 
