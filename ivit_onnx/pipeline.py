@@ -36,9 +36,9 @@ class Options:
     """Conversion settings; each has an ``ivit-onnx rewrite`` flag (``scale_table``: ``--scales``)."""
 
     allow_float: bool = False  #: keep unconvertible regions as DQ → float → Q instead of failing
-    gelu_bits: int = 15  #: fraction bits of ShiftGELU's sigmoid
-    ln_fraction_bits: int = 30  #: ILayerNorm's p
-    min_x0: int = 1024  #: finest exp grid: inputs coarser than 1/min_x0 are upscaled exactly first
+    gelu_bits: int = 15  #: fraction bits of ShiftGELU's sigmoid (IBertGELU's Phi)
+    ln_fraction_bits: int = 30  #: ILayerNorm's (L1LayerNorm's) p
+    min_x0: int = 1024  #: finest exp grid (IBertGELU: erf's clip point): coarser inputs are upscaled exactly first
     max_row: int = 4096  #: row length assumed for Shiftmax overflow proofs when the shape is dynamic
     scale_table: bool = False  #: put the per-tensor scale table in the report
     softmax: str = KERNELS["softmax"][0]  #: Softmax's integer kernel (:data:`KERNELS`)
