@@ -38,7 +38,8 @@ class Options:
     allow_float: bool = False  #: keep unconvertible regions as DQ → float → Q instead of failing
     gelu_bits: int = 15  #: fraction bits of ShiftGELU's sigmoid (IBertGELU's Phi)
     ln_fraction_bits: int = 30  #: ILayerNorm's (L1LayerNorm's) p
-    min_x0: int = 1024  #: finest exp grid (IBertGELU: erf's clip point): coarser inputs are upscaled exactly first
+    #: finest exp grid (IBertGELU: erf's clip point): inputs coarser than 1/min_x0 are upscaled exactly first
+    min_x0: int = 1024
     max_row: int = 4096  #: row length assumed for Shiftmax overflow proofs when the shape is dynamic
     scale_table: bool = False  #: put the per-tensor scale table in the report
     softmax: str = KERNELS["softmax"][0]  #: Softmax's integer kernel (:data:`KERNELS`)

@@ -29,7 +29,7 @@ SOFTMAX_DEFAULT_BITS = 16
 LOG2E_FIX = 1.4375 / math.log2(math.e)
 #: the GELU fold of I-ViT: sigmoid(1.702 x)
 GELU_SIGMOID = 1.702
-#: I-BERT's erf polynomial (Kim et al. 2021): L(z) = sign(z) (a (min(|z|, -b) + b)**2 + 1), erf(x/sqrt(2)) in GELU
+#: I-BERT's erf polynomial (Kim et al. 2021) L(z) = sign(z) (a (min(|z|, -b) + b)**2 + 1) for GELU's erf
 IBERT_ERF_A, IBERT_ERF_B = -0.2888, -1.769
 #: the standard deviation of a normal row over its mean absolute deviation: L1LayerNorm's sigma
 L1_SIGMA = math.sqrt(math.pi / 2)
@@ -259,8 +259,9 @@ def l1_layernorm(
     p: int,
     dy: Dyadic = plain_dyadic,
 ) -> LayerNormParams:
-    """L1LayerNorm over rows of ``c_len``: ``b/2**c ~ C gamma/(sqrt(pi/2) 2**p s_y)``, ``bias`` as ILayerNorm's;
-    centred and folded exactly as ILayerNorm (``|d| <= sum|d|/2``: the normalized value is at most ``C/2``)."""
+    """L1LayerNorm over rows of ``c_len``: ``b/2**c ~ C gamma/(sqrt(pi/2) 2**p s_y)``, ``bias`` as
+    ILayerNorm's; centred and folded exactly as ILayerNorm (``|d| <= sum|d|/2``: normalized values reach
+    ``C/2`` at most)."""
     return _layernorm(a, c_len, gamma, beta, target, p, dy, c_len / L1_SIGMA, c_len / (2 * L1_SIGMA))
 
 
@@ -277,7 +278,8 @@ def _layernorm(
 ) -> LayerNormParams:
     """A LayerNorm whose kernel writes ``u ~ (x - mean)/sigma / unit * 2**p``: the centring (``shift_in``, a
     narrowing Requantize first if needed), gamma/beta folded into ``b/2**c ~ unit gamma/(2**p s_y)`` and
-    ``bias``; the default target (int16) holds ``reach`` (the largest normalized magnitude, default ``unit``)."""
+    ``bias``; the default target (int16) holds ``reach`` (the largest normalized magnitude, default
+    ``unit``)."""
     gamma = np.broadcast_to(gamma.astype(np.float64).reshape(-1), (c_len,))
     beta = np.zeros(c_len) if beta is None else np.broadcast_to(beta.astype(np.float64).reshape(-1), (c_len,))
     # C * (2 * bound * 2**shift_in)**2 < 2**62  (|x - floor(mean)| <= 2 * bound)

@@ -103,7 +103,7 @@ def isqrt(v: Tensor) -> Tensor:
 
 
 def _centred(x, shift_in: int) -> Tensor:
-    """The LayerNorms' ``x * 2**shift_in - floor(sum(x) * 2**shift_in / C)`` (opset ``ilayernorm.centred``)."""
+    """``x * 2**shift_in - floor(sum(x) * 2**shift_in / C)`` of both LayerNorms (``ilayernorm.centred``)."""
     x = i64(x)
     return x * (1 << shift_in) - floor_div(_row_sum(x) * (1 << shift_in), x.shape[-1])
 

@@ -37,7 +37,7 @@ from .vit import VisionTransformer
 
 _NP_DTYPES = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16, torch.int32: np.int32}
 _INT32 = Affine(np.float64(1.0), 0, np.int32)
-#: GELU kernels by ``Options.gelu``: (parameters, torch kernel, its integer attributes), as the rule emits them
+#: GELU kernels by ``Options.gelu``: (parameters, torch kernel, integer attributes), as the rule emits them
 _GELUS = {
     "shiftgelu": (qparams.shiftgelu, int_ops.shiftgelu, ("x0", "n", "bits")),
     "ibert": (qparams.ibert_gelu, int_ops.ibertgelu, ("clip", "coeff", "k")),

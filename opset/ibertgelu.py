@@ -1,4 +1,4 @@
-"""IBertGELU (I-BERT's i-GELU, Kim et al. 2021): ``x * (1 + erf(x / sqrt 2)) / 2``, erf a 2nd-order polynomial.
+"""IBertGELU (I-BERT's i-GELU, Kim et al. 2021): ``x (1 + erf(x / sqrt 2)) / 2``, erf a 2nd-order polynomial.
 
 The paper's ablation alternative to ShiftGELU (Table 2). I-BERT's erf is
 ``L(z) = sign(z) * (a * (min(|z|, -b) + b)**2 + 1)`` with ``a = -0.2888``, ``b = -1.769``. For integer ``x``

@@ -207,8 +207,8 @@ def shiftgelu(x, multiplier, shift, y_zero_point, *, x0: int, n: int, bits: int,
     return y
 
 
-def _layernorm(op: str, name: str, x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int, qmin: int,
-               qmax: int):
+def _layernorm(op: str, name: str, x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int,
+               qmin: int, qmax: int):
     got, zy = _prep(x, y_zero_point), _scalar(y_zero_point)
     if not got or zy is None or got[0].ndim == 0 or not 0 <= shift_in <= 62 or not 0 <= p <= 61:
         return None
@@ -239,8 +239,8 @@ def ibertgelu(x, multiplier, shift, y_zero_point, *, clip: int, coeff: int, k: i
         return None
     x, zyt = got
     (outer, nc, inner, (b, c)), y = ch, np.empty(x.shape, zyt.dtype)
-    _call("IBertGELU", "ivit_ibertgelu", _ptr(x), _CODES[x.dtype], outer, nc, inner, _ptr(b), _ptr(c), zy, clip,
-          coeff, k, qmin, qmax, _ptr(y), _CODES[y.dtype], _threads)
+    _call("IBertGELU", "ivit_ibertgelu", _ptr(x), _CODES[x.dtype], outer, nc, inner, _ptr(b), _ptr(c), zy,
+          clip, coeff, k, qmin, qmax, _ptr(y), _CODES[y.dtype], _threads)
     return y
 
 

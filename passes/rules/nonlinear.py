@@ -104,7 +104,8 @@ GELU = {"shiftgelu": _shiftgelu, "ibert": _ibert_gelu}
 
 
 class Gelu(Rule):
-    """Gelu (the fusion's marker, or opset 20's op) → ShiftGELU or IBertGELU (``--gelu``), requantized inside."""
+    """Gelu (the fusion's marker, or opset 20's op) → ShiftGELU or IBertGELU (``--gelu``), requantized
+    inside."""
 
     pattern = Op("Gelu")
 
@@ -139,8 +140,8 @@ LAYERNORM = {
 
 
 class LayerNorm(Rule):
-    """LayerNormalization over the last axis with constant gamma/beta → ILayerNorm or L1LayerNorm (``--layernorm``;
-    gamma, beta folded)."""
+    """LayerNormalization over the last axis with constant gamma/beta → ILayerNorm or L1LayerNorm
+    (``--layernorm``; gamma, beta folded)."""
 
     pattern = Op("LayerNormalization")
 

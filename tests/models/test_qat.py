@@ -3,8 +3,8 @@
 The digits ViT (bundled FP32 weights), min/max-calibrated, 4-bit weights, a few QAT steps (EMA scales and
 weights move), then: the integer ONNX graph's logits on the whole digits test split equal the QAT model's,
 bit for bit; every integer tensor the QAT model computes is one of the graph's; and the straight-through
-gradients reach every parameter. The same bit-exactness holds with the ablation's kernels (``Options(gelu="ibert",
-layernorm="l1")``: IBertGELU, L1LayerNorm).
+gradients reach every parameter. The same bit-exactness holds with the ablation's kernels
+(``Options(gelu="ibert", layernorm="l1")``: IBertGELU, L1LayerNorm).
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ torch = pytest.importorskip("torch")
 
 from ivit_onnx.models import bundled, digits  # noqa: E402
 
-
 #: the ablation's kernels (paper Table 2) in one model: I-BERT's GELU, Fully-8bit's L1 LayerNorm
 ABLATION = {"gelu": "ibert", "layernorm": "l1"}
 
 
 def train(**options):
-    """The digits QAT model (4-bit weights, one short epoch) with ``Options(**options)``: the model, its scales
-    before training, the test split and the model's logits on it."""
+    """The digits QAT model (4-bit weights, one short epoch) with ``Options(**options)``: the model, its
+    scales before training, the test split and the model's logits on it."""
     from ivit_onnx.models.make_default import QUANT_CONFIG
     from ivit_onnx.models.qat import qat
     from ivit_onnx.models.qat_digits import QAT_CONFIG, finetune, load_fp32_onnx
@@ -50,7 +49,7 @@ def train(**options):
 
 
 def convert(qm, x, tmp, **options):
-    """The QAT model's export (``IntegerViT.fq``) after ``ivit-onnx rewrite`` with ``options``, and the report."""
+    """The QAT model's export (``IntegerViT.fq``) after ``ivit-onnx rewrite`` with ``options``; the report."""
     from ivit_onnx import rewrite
     from ivit_onnx.models.export import export_onnx
 
