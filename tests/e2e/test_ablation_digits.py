@@ -1,5 +1,5 @@
-"""The paper's ablation kernels end to end on the bundled digits ViT: ``ivit-onnx rewrite digits --gelu ibert``
-and ``--layernorm l1`` write IBertGELU / L1LayerNorm in place of ShiftGELU / ILayerNorm, and
+"""The paper's ablation kernels end to end on the bundled digits ViT: ``ivit-onnx rewrite digits --gelu
+ibert`` and ``--layernorm l1`` write IBertGELU / L1LayerNorm in place of ShiftGELU / ILayerNorm, and
 ``ivit-onnx validate --backends library,functions,interpreter`` finds the three bit-exact on the digits test
 split, with the converted model's accuracy within a point and a half of the fake-quant model's (PTQ; the
 default conversion matches it: ``python -m ivit_onnx.validate`` prints both)."""

@@ -1,9 +1,9 @@
 """The library's fused ops and the session-time rewrites that write them, bit-exact against the references.
 
 * :mod:`ivit_onnx.engines.onnxruntime.chain_fold`: a Requantize and the elementwise ops after it
-  (Requantize, ShiftGELU, IBertGELU), and optionally the Shiftmax they feed, as ``ai.ivit.fused`` RequantizeTable /
-  RequantizeShiftmax: chains from hypothesis (per-tensor and per-channel heads, 8- and 16-bit
-  intermediates, increasing and decreasing tables, constant rows), the library's output equal to the
+  (Requantize, ShiftGELU, IBertGELU), and optionally the Shiftmax they feed, as ``ai.ivit.fused``
+  RequantizeTable / RequantizeShiftmax: chains from hypothesis (per-tensor and per-channel heads, 8- and
+  16-bit intermediates, increasing and decreasing tables, constant rows), the library's output equal to the
   reference evaluator's on the unfolded graph;
   what it must leave alone; the refusal of a table of the wrong size.
 * :mod:`ivit_onnx.engines.onnxruntime.u8_gemm` with an activation B operand (attention): both operands uint8
