@@ -46,6 +46,16 @@ def test_gelu_ibert_is_ibertgelu_within_two_output_steps():
     assert counts.get("ai.ivit:IBertGELU") == 1 and "ai.ivit:ShiftGELU" not in counts
 
 
+def test_gelu_ibert_refuses_a_scale_too_fine_for_its_polynomial():
+    """The erf's clip point must stay below 2**31 grid steps: one line naming the node, no traceback."""
+    from ivit_onnx import ConversionError, rewrite
+
+    g = G(opset=20)
+    g.output(g.qdq(g.node("Gelu", [g.qdq(g.input("x", [2, 6, 16]), 1e-11, 0, np.int16)]), 0.02))
+    with pytest.raises(ConversionError, match=r"Gelu '.*': GELU input scale 1e-11 too fine for the erf"):
+        rewrite(g.model(), gelu="ibert")
+
+
 def test_layernorm_l1_is_l1layernorm_within_two_output_steps_of_l1_layernorm():
     """``--layernorm l1``: Fully-8bit's normalization by sqrt(pi/2) mean|x - mean|, which differs from
     LayerNorm by the rows' own sigma / (sqrt(pi/2) mean|d|): compared with that formula, in float."""
