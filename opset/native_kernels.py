@@ -195,16 +195,23 @@ def shiftmax(x, y_zero_point, *, x0: int, n: int, bits: int):
     return y
 
 
-def shiftgelu(x, multiplier, shift, y_zero_point, *, x0: int, n: int, bits: int, qmin: int, qmax: int):
+def _gelu(op: str, name: str, ok: bool, x, multiplier, shift, y_zero_point, qmin: int, qmax: int, *attrs):
+    """ShiftGELU / IBertGELU natively: ``attrs`` (their own, in the C entry's order) valid per ``ok``."""
     got, zy = _prep(x, y_zero_point), _scalar(y_zero_point)
     ch = got and _channels(got[0].shape, multiplier, shift)
-    if not ch or zy is None or not _exp_ok(x0, n) or not 0 <= bits <= 62 or not _shifts_ok(ch[3][1]):
+    if not ch or zy is None or not ok or not _shifts_ok(ch[3][1]):
         return None
     x, zyt = got
     (outer, nc, inner, (b, c)), y = ch, np.empty(x.shape, zyt.dtype)
-    _call("ShiftGELU", "ivit_shiftgelu", _ptr(x), _CODES[x.dtype], outer, nc, inner, _ptr(b), _ptr(c), zy, x0,
-          n, bits, qmin, qmax, _ptr(y), _CODES[y.dtype], _threads)
+    _call(op, name, _ptr(x), _CODES[x.dtype], outer, nc, inner, _ptr(b), _ptr(c), zy, *attrs, qmin, qmax,
+          _ptr(y), _CODES[y.dtype], _threads)
     return y
+
+
+def shiftgelu(x, multiplier, shift, y_zero_point, *, x0: int, n: int, bits: int, qmin: int, qmax: int):
+    ok = _exp_ok(x0, n) and 0 <= bits <= 62
+    args = (x, multiplier, shift, y_zero_point, qmin, qmax)
+    return _gelu("ShiftGELU", "ivit_shiftgelu", ok, *args, x0, n, bits)
 
 
 def _layernorm(op: str, name: str, x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int,
@@ -233,15 +240,8 @@ def l1layernorm(x, multiplier, shift, bias, y_zero_point, **attrs):
 
 
 def ibertgelu(x, multiplier, shift, y_zero_point, *, clip: int, coeff: int, k: int, qmin: int, qmax: int):
-    got, zy = _prep(x, y_zero_point), _scalar(y_zero_point)
-    ch = got and _channels(got[0].shape, multiplier, shift)
-    if not ch or zy is None or not 0 <= k <= 62 or not _shifts_ok(ch[3][1]):
-        return None
-    x, zyt = got
-    (outer, nc, inner, (b, c)), y = ch, np.empty(x.shape, zyt.dtype)
-    _call("IBertGELU", "ivit_ibertgelu", _ptr(x), _CODES[x.dtype], outer, nc, inner, _ptr(b), _ptr(c), zy,
-          clip, coeff, k, qmin, qmax, _ptr(y), _CODES[y.dtype], _threads)
-    return y
+    args = (x, multiplier, shift, y_zero_point, qmin, qmax)
+    return _gelu("IBertGELU", "ivit_ibertgelu", 0 <= k <= 62, *args, clip, coeff, k)
 
 
 #: op_type -> native wrapper (same arguments as the reference; ``None`` means "use the reference")

@@ -328,20 +328,35 @@ void shiftmax(Call& c) {
   for (size_t i = 0; i < pv.size(); ++i) store(c.y, c.y_elem, i, pv[i] + zy[i]);
 }
 
-void shiftgelu(Call& c) {
+// ShiftGELU and IBertGELU (inputs x, multiplier, shift, y_zero_point; three attributes of their own, then qmin,
+// qmax): the fused kernel where the call fits it (fused(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to)),
+// else y = clip(round_shift(x * g(x) * b, c) + zy, qmin, qmax) over the broadcast shape
+template <class Fused, class G>
+void gelu(Call& c, Fused fused, G g) {
   const i64 qmin = c.a(3), qmax = c.a(4);
   Channels ch;
   if (c.full(0) && c.scalar(3) && channels(c.out, {&c.in[1], &c.in[2]}, ch) && shifts_ok(ch.values[1])) {
-    ivit_shiftgelu(c.in[0].data, c.code(0), ch.outer, ch.nc, ch.inner, ch.values[0].data(), ch.values[1].data(),
-                   c.in[3].at(0), c.a(0), c.a(1), c.a(2), qmin, qmax, c.y, kernel_code(c.y_elem), 0);
+    fused(c.in[0].data, c.code(0), ch.outer, ch.nc, ch.inner, ch.values[0].data(), ch.values[1].data(),
+          c.in[3].at(0), qmin, qmax, c.y, kernel_code(c.y_elem));
     return;
   }
-  const ivit::Exp exp(c.a(0), c.a(1));
-  const i64 top = exp(0), sh = 62 - c.a(2);
   const auto x = expand(c.in[0], c.out), b = expand(c.in[1], c.out);
   std::vector<i64> t(x.size());
-  for (size_t i = 0; i < t.size(); ++i) t[i] = x[i] * ivit::shift_sigmoid(exp, top, sh, x[i]) * b[i];
-  saturate_all(c, t, expand(c.in[2], c.out), expand(c.in[4], c.out), qmin, qmax);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = x[i] * g(x[i]) * b[i];
+  saturate_all(c, t, expand(c.in[2], c.out), expand(c.in[3], c.out), qmin, qmax);
+}
+
+void shiftgelu(Call& c) {
+  const i64 x0 = c.a(0), n = c.a(1), bits = c.a(2);
+  const ivit::Exp exp(x0, n);
+  const i64 top = exp(0), sh = 62 - bits;
+  gelu(
+      c,
+      [&](const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* b, const i64* cs, i64 zy, i64 qmin,
+          i64 qmax, void* y, int to) {
+        ivit_shiftgelu(x, ti, outer, nc, inner, b, cs, zy, x0, n, bits, qmin, qmax, y, to, 0);
+      },
+      [&](i64 v) { return ivit::shift_sigmoid(exp, top, sh, v); });
 }
 
 // ILayerNorm and L1LayerNorm: the fused kernel `fused` where the call fits it, else row by row over x (d
@@ -388,18 +403,15 @@ void l1layernorm(Call& c) {
 }
 
 void ibertgelu(Call& c) {
-  const i64 qmin = c.a(3), qmax = c.a(4);
-  Channels ch;
-  if (c.full(0) && c.scalar(3) && channels(c.out, {&c.in[1], &c.in[2]}, ch) && shifts_ok(ch.values[1])) {
-    ivit_ibertgelu(c.in[0].data, c.code(0), ch.outer, ch.nc, ch.inner, ch.values[0].data(), ch.values[1].data(),
-                   c.in[3].at(0), c.a(0), c.a(1), c.a(2), qmin, qmax, c.y, kernel_code(c.y_elem), 0);
-    return;
-  }
-  const ivit::IBertErf erf(c.a(0), c.a(1), c.a(2));
-  const auto x = expand(c.in[0], c.out), b = expand(c.in[1], c.out);
-  std::vector<i64> t(x.size());
-  for (size_t i = 0; i < t.size(); ++i) t[i] = x[i] * erf(x[i]) * b[i];
-  saturate_all(c, t, expand(c.in[2], c.out), expand(c.in[4], c.out), qmin, qmax);
+  const i64 clip = c.a(0), coeff = c.a(1), k = c.a(2);
+  const ivit::IBertErf erf(clip, coeff, k);
+  gelu(
+      c,
+      [&](const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* b, const i64* cs, i64 zy, i64 qmin,
+          i64 qmax, void* y, int to) {
+        ivit_ibertgelu(x, ti, outer, nc, inner, b, cs, zy, clip, coeff, k, qmin, qmax, y, to, 0);
+      },
+      erf);
 }
 
 // The fused ops take what the session-time rewrite writes: x shaped like the output, a scalar zero point

@@ -384,6 +384,34 @@ def test_shapes_that_do_not_broadcast_fail_the_run_with_a_message():
         sess.run(None, feeds)
 
 
+def broadcast_cases():
+    """Calls outside the fused kernels' layouts (x broadcast against its parameters, a y_zero_point per
+    column): the library's general broadcast loop."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(-3000, 3000, (3, 1)).astype(np.int32)
+    b = rng.integers(1 << 18, 1 << 22, (5,)).astype(np.int64)
+    c = rng.integers(36, 45, (5,)).astype(np.int64)
+    zy = rng.integers(-5, 5, (5,)).astype(np.int8)
+    gelu = {"qmin": -128, "qmax": 127}
+    yield "ShiftGELU", [x, b, c, zy], {"x0": 300, "n": max_n(300, 1), "bits": 14, **gelu}
+    yield "IBertGELU", [x, b, c, zy], {"clip": 1051, "coeff": 1221607, "k": 6, **gelu}
+    bias = rng.integers(-(1 << 40), 1 << 40, (5,)).astype(np.int64)
+    rows = rng.integers(-128, 128, (3, 4, 1)).astype(np.int8)  # rows of 1, normalized then broadcast to 5
+    for op in ("ILayerNorm", "L1LayerNorm"):
+        yield op, [rows, b, c, bias, zy], {"shift_in": 16, "p": 30, **gelu}
+
+
+@needs_library
+@pytest.mark.parametrize("case", list(broadcast_cases()), ids=lambda c: c[0])
+def test_broadcast_layouts_match_the_reference(case):
+    op, inputs, attrs = case
+    ref = OPS[op].run(*inputs, **attrs)
+    assert ref.shape[-1] == 5 and np.asarray(inputs[0]).shape[-1] == 1
+    model, feeds = one_node_model(OPS[op], inputs, attrs, out_shape=ref.shape)
+    got = library_session(model, native_library()).run(None, feeds)[0]
+    assert got.dtype == ref.dtype and np.array_equal(got, ref)
+
+
 # --------------------------------------------------------------- onnxruntime's pool, concurrent runs
 
 RNG = np.random.default_rng(20261123)
