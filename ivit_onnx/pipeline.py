@@ -37,9 +37,10 @@ class Options:
     ``input_shapes``: ``--shape``)."""
 
     allow_float: bool = False  #: keep unconvertible regions as DQ → float → Q instead of failing
-    gelu_bits: int = 15  #: fraction bits of ShiftGELU's sigmoid
-    ln_fraction_bits: int = 30  #: ILayerNorm's p
-    min_x0: int = 1024  #: finest exp grid: inputs coarser than 1/min_x0 are upscaled exactly first
+    gelu_bits: int = 15  #: fraction bits of ShiftGELU's sigmoid (IBertGELU's Phi)
+    ln_fraction_bits: int = 30  #: ILayerNorm's (L1LayerNorm's) p
+    #: finest exp grid (IBertGELU: erf's clip point): inputs coarser than 1/min_x0 are upscaled exactly first
+    min_x0: int = 1024
     max_row: int = 4096  #: row length assumed for Shiftmax overflow proofs when the shape is dynamic
     scale_table: bool = False  #: put the per-tensor scale table in the report
     #: input name -> shape to convert for (ints; a str keeps that dimension symbolic, e.g. the batch);

@@ -29,6 +29,10 @@ SOFTMAX_DEFAULT_BITS = 16
 LOG2E_FIX = 1.4375 / math.log2(math.e)
 #: the GELU fold of I-ViT: sigmoid(1.702 x)
 GELU_SIGMOID = 1.702
+#: I-BERT's erf polynomial (Kim et al. 2021) L(z) = sign(z) (a (min(|z|, -b) + b)**2 + 1) for GELU's erf
+IBERT_ERF_A, IBERT_ERF_B = -0.2888, -1.769
+#: the standard deviation of a normal row over its mean absolute deviation: L1LayerNorm's sigma
+L1_SIGMA = math.sqrt(math.pi / 2)
 
 Dyadic = Callable[..., tuple[np.ndarray, np.ndarray]]
 
@@ -193,6 +197,36 @@ def shiftgelu(
 
 
 @dataclass(frozen=True)
+class IBertGeluParams:
+    up: Upscale
+    clip: int
+    coeff: int
+    k: int
+    multiplier: np.ndarray
+    shift: np.ndarray
+    t: Affine
+
+
+def ibert_gelu(
+    a: Affine, target: Affine | None, min_x0: int, bits: int, dy: Dyadic = plain_dyadic
+) -> IBertGeluParams:
+    """I-BERT's i-GELU of a symmetric per-tensor ``a``, requantized into ``target`` (int32 at ``a`` if None):
+    erf's clip point ``-b/s'`` (``s' = s/sqrt 2``) at least ``min_x0`` grid steps (exact upscale first, as the
+    shift-exps' grid), ``coeff = round(-1/(a s'**2))``, ``k`` leaving ``bits`` fraction bits of ``Phi``."""
+    up = fine_grid(a, -IBERT_ERF_B * math.sqrt(2) / float(a.scale), min_x0)
+    s_erf = float(up.a.scale) / math.sqrt(2)
+    clip = int(round(-IBERT_ERF_B / s_erf))
+    coeff = max(int(round(-1.0 / (IBERT_ERF_A * s_erf**2))), clip * clip)  # the op's precondition
+    k = max(0, coeff.bit_length() - bits)
+    if clip >= 2**31 or coeff + (1 << k) >= 2**62:
+        raise ValueError(f"GELU input scale {float(a.scale):.3g} too fine for the erf polynomial")
+    d = (coeff + (1 << k >> 1)) >> k  # round_shift(coeff, k): g = x's Phi * 2 D
+    t = target or Affine(up.a.scale, 0, np.int32, bound=up.a.bound)
+    b, c = dy(float(up.a.scale) / (2 * d * t.scale), multiplier_bits(up.a.bound * 2 * d), "GELU rescale")
+    return IBertGeluParams(up, clip, coeff, k, b, c, t)
+
+
+@dataclass(frozen=True)
 class LayerNormParams:
     pre: Affine | None  #: a narrower type to requantize the input to first (too wide for exact variance)
     shift_in: int
@@ -213,6 +247,39 @@ def layernorm(
     dy: Dyadic = plain_dyadic,
 ) -> LayerNormParams:
     """ILayerNorm over rows of ``c_len``: ``b/2**c ~ sqrt(C) gamma/(2**p s_y)``, ``bias ~ beta/s_y 2**c``."""
+    return _layernorm(a, c_len, gamma, beta, target, p, dy, math.sqrt(c_len))
+
+
+def l1_layernorm(
+    a: Affine,
+    c_len: int,
+    gamma: np.ndarray,
+    beta: np.ndarray | None,
+    target: Affine | None,
+    p: int,
+    dy: Dyadic = plain_dyadic,
+) -> LayerNormParams:
+    """L1LayerNorm over rows of ``c_len``: ``b/2**c ~ C gamma/(sqrt(pi/2) 2**p s_y)``, ``bias`` as
+    ILayerNorm's; centred and folded exactly as ILayerNorm (``|d| <= sum|d|/2``: normalized values reach
+    ``C/2`` at most)."""
+    return _layernorm(a, c_len, gamma, beta, target, p, dy, c_len / L1_SIGMA, c_len / (2 * L1_SIGMA))
+
+
+def _layernorm(
+    a: Affine,
+    c_len: int,
+    gamma: np.ndarray,
+    beta: np.ndarray | None,
+    target: Affine | None,
+    p: int,
+    dy: Dyadic,
+    unit: float,
+    reach: float | None = None,
+) -> LayerNormParams:
+    """A LayerNorm whose kernel writes ``u ~ (x - mean)/sigma / unit * 2**p``: the centring (``shift_in``, a
+    narrowing Requantize first if needed), gamma/beta folded into ``b/2**c ~ unit gamma/(2**p s_y)`` and
+    ``bias``; the default target (int16) holds ``reach`` (the largest normalized magnitude, default
+    ``unit``)."""
     gamma = np.broadcast_to(gamma.astype(np.float64).reshape(-1), (c_len,))
     beta = np.zeros(c_len) if beta is None else np.broadcast_to(beta.astype(np.float64).reshape(-1), (c_len,))
     # C * (2 * bound * 2**shift_in)**2 < 2**62  (|x - floor(mean)| <= 2 * bound)
@@ -224,9 +291,9 @@ def layernorm(
         pre = Affine(a.scale * 2.0**k, 0, np.int32, bound=(a.bound >> k) + 1)
     t = target
     if t is None:
-        top = float(np.max(np.abs(gamma))) * math.sqrt(c_len) + float(np.max(np.abs(beta)))
+        top = float(np.max(np.abs(gamma))) * (unit if reach is None else reach) + float(np.max(np.abs(beta)))
         t = Affine(np.float64(top / 32767 if top > 0 else 1.0), 0, np.int16)
-    mult = math.sqrt(c_len) * gamma / (2.0**p * float(t.scale))
+    mult = unit * gamma / (2.0**p * float(t.scale))
     shifted_beta = beta / float(t.scale)
     b = np.zeros(c_len, np.int64)
     c = np.zeros(c_len, np.int64)

@@ -102,15 +102,47 @@ def isqrt(v: Tensor) -> Tensor:
     return r
 
 
+def _centred(x, shift_in: int) -> Tensor:
+    """``x * 2**shift_in - floor(sum(x) * 2**shift_in / C)`` of both LayerNorms (``ilayernorm.centred``)."""
+    x = i64(x)
+    return x * (1 << shift_in) - floor_div(_row_sum(x) * (1 << shift_in), x.shape[-1])
+
+
+def _normalized_out(d, norm, multiplier, shift, bias, y_zero_point, p: int, qmin: int, qmax: int) -> Tensor:
+    """``u = floor(d * floor(2**61 / norm) / 2**(61 - p))``, then the per-channel rescale with bias."""
+    u = (d * floor_div(torch.full_like(norm, 1 << 61), norm)) >> (61 - p)
+    y = round_shift(u * i64(multiplier) + i64(bias), shift) + i64(y_zero_point)
+    return saturate(y, qmin, qmax, y_zero_point)
+
+
 def ilayernorm(
     x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int, qmin: int, qmax: int
 ) -> Tensor:
     """Integer LayerNorm over the last axis, gamma/beta folded (opset ``ILayerNorm``)."""
-    x = i64(x)
-    d = x * (1 << shift_in) - floor_div(_row_sum(x) * (1 << shift_in), x.shape[-1])
+    d = _centred(x, shift_in)
     r = isqrt(torch.clamp(_row_sum(d * d), min=1))
-    u = (d * floor_div(torch.full_like(r, 1 << 61), r)) >> (61 - p)
-    y = round_shift(u * i64(multiplier) + i64(bias), shift) + i64(y_zero_point)
+    return _normalized_out(d, r, multiplier, shift, bias, y_zero_point, p, qmin, qmax)
+
+
+def l1layernorm(
+    x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int, qmin: int, qmax: int
+) -> Tensor:
+    """LayerNorm by the L1 norm of the centred row, gamma/beta folded (opset ``L1LayerNorm``)."""
+    d = _centred(x, shift_in)
+    l1 = torch.clamp(_row_sum(d.abs()), min=1)
+    return _normalized_out(d, l1, multiplier, shift, bias, y_zero_point, p, qmin, qmax)
+
+
+def ibertgelu(
+    x, multiplier, shift, y_zero_point, *, clip: int, coeff: int, k: int, qmin: int, qmax: int
+) -> Tensor:
+    """I-BERT's i-GELU, its erf a clipped 2nd-order polynomial, requantized (opset ``IBertGELU``)."""
+    x = i64(x)
+    t = torch.clamp(clip - x.abs(), min=0)
+    e = round_shift(coeff - t * t, k)
+    d = round_shift(torch.tensor(coeff, dtype=I64), k)
+    g = torch.where(x < 0, d - e, d + e)
+    y = round_shift(x * g * i64(multiplier), shift) + i64(y_zero_point)
     return saturate(y, qmin, qmax, y_zero_point)
 
 
@@ -121,6 +153,8 @@ KERNELS = {
     "Shiftmax": shiftmax,
     "ShiftGELU": shiftgelu,
     "ILayerNorm": ilayernorm,
+    "IBertGELU": ibertgelu,
+    "L1LayerNorm": l1layernorm,
 }
 
 

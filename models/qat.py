@@ -37,6 +37,16 @@ from .vit import VisionTransformer
 
 _NP_DTYPES = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16, torch.int32: np.int32}
 _INT32 = Affine(np.float64(1.0), 0, np.int32)
+#: GELU kernels by ``Options.gelu``: (parameters, torch kernel, integer attributes), as the rule emits them
+_GELUS = {
+    "shiftgelu": (qparams.shiftgelu, int_ops.shiftgelu, ("x0", "n", "bits")),
+    "ibert": (qparams.ibert_gelu, int_ops.ibertgelu, ("clip", "coeff", "k")),
+}
+#: LayerNorm kernels by ``Options.layernorm``: (parameters, torch kernel)
+_LAYERNORMS = {
+    "ilayernorm": (qparams.layernorm, int_ops.ilayernorm),
+    "l1": (qparams.l1_layernorm, int_ops.l1layernorm),
+}
 
 
 @dataclass
@@ -222,15 +232,15 @@ class IntegerViT(nn.Module):
         return _lift(q, t, approx)
 
     def _layernorm(self, x: QT, ln: nn.LayerNorm, qz: nn.Module) -> QT:
+        """ILayerNorm or L1LayerNorm, as ``Options.layernorm`` picks (the rule's ``LAYERNORM`` table)."""
         approx = F.layer_norm(x.v, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
         gamma = ln.weight.detach().numpy()
         beta = ln.bias.detach().numpy() if ln.bias is not None else None
-        lp = qparams.layernorm(
-            x.a, x.q.shape[-1], gamma, beta, self._target(qz, approx), self.opt.ln_fraction_bits
-        )
+        params, kernel = _LAYERNORMS[self.opt.layernorm]
+        lp = params(x.a, x.q.shape[-1], gamma, beta, self._target(qz, approx), self.opt.ln_fraction_bits)
         q = x.q if lp.pre is None else _rescale(x.q, x.a, lp.pre)
         lo, hi = dtype_range(lp.t.dtype)
-        y = int_ops.ilayernorm(
+        y = kernel(
             q,
             _i64(lp.multiplier),
             _i64(lp.shift),
@@ -252,19 +262,19 @@ class IntegerViT(nn.Module):
         return self._quant(_lift(y, sp.t, approx), qz, observe=False)
 
     def _gelu(self, x: QT, act: nn.Module, qz: nn.Module) -> QT:
+        """ShiftGELU or IBertGELU, as ``Options.gelu`` picks (the rule's ``GELU`` table)."""
         approx = act(x.v)
         x = self._per_tensor(x)
-        gp = qparams.shiftgelu(x.a, self._target(qz, approx), self.opt.min_x0, self.opt.gelu_bits)
+        params, kernel, attrs = _GELUS[self.opt.gelu]
+        gp = params(x.a, self._target(qz, approx), self.opt.min_x0, self.opt.gelu_bits)
         q = _upscale(x.q, x.a, gp.up)
         lo, hi = gp.t.qrange
-        y = int_ops.shiftgelu(
+        y = kernel(
             q,
             _i64(gp.multiplier),
             _i64(gp.shift),
             _zp(gp.t.zero_point),
-            x0=gp.x0,
-            n=gp.n,
-            bits=gp.bits,
+            **{a: getattr(gp, a) for a in attrs},
             qmin=lo,
             qmax=hi,
         )

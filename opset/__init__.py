@@ -7,10 +7,21 @@ definition) and its ONNX function body; :mod:`.functions` attaches the bodies to
 
 from __future__ import annotations
 
-from . import iadd, ilayernorm, requantize, shiftgelu, shiftmax
+from . import iadd, ibertgelu, ilayernorm, l1layernorm, requantize, shiftgelu, shiftmax
 from ._spec import DOMAIN, VERSION, OpSpec, Port
 
 #: every op of the opset, by op_type (one explicit list; nothing registers itself on import)
-OPS: dict[str, OpSpec] = {m.SPEC.name: m.SPEC for m in (requantize, iadd, shiftmax, shiftgelu, ilayernorm)}
+OPS: dict[str, OpSpec] = {
+    m.SPEC.name: m.SPEC
+    for m in (
+        requantize,
+        iadd,
+        shiftmax,
+        shiftgelu,
+        ilayernorm,
+        ibertgelu,  # the paper's ablation alternatives (Table 2)
+        l1layernorm,
+    )
+}
 
 __all__ = ["DOMAIN", "OPS", "VERSION", "OpSpec", "Port"]

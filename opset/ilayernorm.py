@@ -37,12 +37,20 @@ def isqrt(v) -> np.ndarray:
     return r
 
 
-def reference(x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int, qmin: int, qmax: int):
+def centred(x, shift_in: int) -> np.ndarray:
+    """``x * 2**shift_in - floor(sum(x) * 2**shift_in / C)`` over rows of ``C`` (shared with L1LayerNorm)."""
     x = _int.i64(x)
-    c_len = x.shape[-1]
-    d = x * (1 << shift_in) - _int.floor_div(_int.reduce_sum(x) * (1 << shift_in), c_len)
-    r = isqrt(np.maximum(_int.reduce_sum(d * d), 1))
-    u = _int.floor_div(d * ((1 << 61) // r), 1 << (61 - p))
+    return x * (1 << shift_in) - _int.floor_div(_int.reduce_sum(x) * (1 << shift_in), x.shape[-1])
+
+
+def normalized(d, norm, p: int) -> np.ndarray:
+    """``floor(d * floor(2**61 / norm) / 2**(61 - p))`` for ``|d| <= norm`` (shared with L1LayerNorm)."""
+    return _int.floor_div(d * ((1 << 61) // norm), 1 << (61 - p))
+
+
+def reference(x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int, qmin: int, qmax: int):
+    d = centred(x, shift_in)
+    u = normalized(d, isqrt(np.maximum(_int.reduce_sum(d * d), 1)), p)
     t = u * _int.i64(multiplier) + _int.i64(bias)
     y = _int.round_shift(t, shift) + _int.i64(y_zero_point)
     return _int.saturate(y, qmin, qmax, y_zero_point.dtype)
@@ -57,15 +65,26 @@ def _isqrt_body(g: Body, v: str) -> str:
     return r
 
 
-def body(g: Body) -> None:
+def centred_body(g: Body) -> str:
+    """Body twin of :func:`centred` on the input ``x`` and attribute ``shift_in``."""
     x = g.i64("x")
     c_len = g.op("Gather", g.op("Shape", x), g.const(-1))
     scale_in = g.pow2(g.attr_int("shift_in"))
     mean = g.floor_div(g.op("Mul", g.reduce_sum(x), scale_in), c_len)
-    d = g.op("Sub", g.op("Mul", x, scale_in), mean)
+    return g.op("Sub", g.op("Mul", x, scale_in), mean)
+
+
+def normalized_body(g: Body, d: str, norm) -> str:
+    """Body twin of :func:`normalized` with attribute ``p``; ``norm()`` builds the norm (``>= 1``: truncating
+    Div is floor) after the dividend's constant, the node order ILayerNorm's body has always had."""
+    f = g.op("Div", g.const(1 << 61), norm())
+    return g.floor_shift(g.op("Mul", d, f), g.op("Sub", g.const(61), g.attr_int("p")))
+
+
+def body(g: Body) -> None:
+    d = centred_body(g)
     v = g.maximum(g.reduce_sum_exact(g.op("Mul", d, d)), g.const(1))
-    f = g.op("Div", g.const(1 << 61), _isqrt_body(g, v))
-    u = g.floor_shift(g.op("Mul", d, f), g.op("Sub", g.const(61), g.attr_int("p")))
+    u = normalized_body(g, d, lambda: _isqrt_body(g, v))
     t = g.op("Add", g.op("Mul", u, "multiplier"), "bias")
     g.requantize_out(t)
 

@@ -25,6 +25,8 @@ _ARGS = {  # kernel -> argument kinds: p pointer, i int64, c dtype code / thread
     "ivit_shiftmax": "pciiiiiipcc",
     "ivit_shiftgelu": "pciiippiiiiiipcc",
     "ivit_ilayernorm": "pciipppiiiiiipcc",
+    "ivit_ibertgelu": "pciiippiiiiiipcc",
+    "ivit_l1layernorm": "pciipppiiiiiipcc",
 }
 #: how many calls each op made natively and through the numpy reference (``"Op/native"``, ``"Op/numpy"``)
 STATS: Counter = Counter()
@@ -193,19 +195,27 @@ def shiftmax(x, y_zero_point, *, x0: int, n: int, bits: int):
     return y
 
 
-def shiftgelu(x, multiplier, shift, y_zero_point, *, x0: int, n: int, bits: int, qmin: int, qmax: int):
+def _gelu(op: str, name: str, ok: bool, x, multiplier, shift, y_zero_point, qmin: int, qmax: int, *attrs):
+    """ShiftGELU / IBertGELU natively: ``attrs`` (their own, in the C entry's order) valid per ``ok``."""
     got, zy = _prep(x, y_zero_point), _scalar(y_zero_point)
     ch = got and _channels(got[0].shape, multiplier, shift)
-    if not ch or zy is None or not _exp_ok(x0, n) or not 0 <= bits <= 62 or not _shifts_ok(ch[3][1]):
+    if not ch or zy is None or not ok or not _shifts_ok(ch[3][1]):
         return None
     x, zyt = got
     (outer, nc, inner, (b, c)), y = ch, np.empty(x.shape, zyt.dtype)
-    _call("ShiftGELU", "ivit_shiftgelu", _ptr(x), _CODES[x.dtype], outer, nc, inner, _ptr(b), _ptr(c), zy, x0,
-          n, bits, qmin, qmax, _ptr(y), _CODES[y.dtype], _threads)
+    _call(op, name, _ptr(x), _CODES[x.dtype], outer, nc, inner, _ptr(b), _ptr(c), zy, *attrs, qmin, qmax,
+          _ptr(y), _CODES[y.dtype], _threads)
     return y
 
 
-def ilayernorm(x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int, qmin: int, qmax: int):
+def shiftgelu(x, multiplier, shift, y_zero_point, *, x0: int, n: int, bits: int, qmin: int, qmax: int):
+    ok = _exp_ok(x0, n) and 0 <= bits <= 62
+    args = (x, multiplier, shift, y_zero_point, qmin, qmax)
+    return _gelu("ShiftGELU", "ivit_shiftgelu", ok, *args, x0, n, bits)
+
+
+def _layernorm(op: str, name: str, x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: int,
+               qmin: int, qmax: int):
     got, zy = _prep(x, y_zero_point), _scalar(y_zero_point)
     if not got or zy is None or got[0].ndim == 0 or not 0 <= shift_in <= 62 or not 0 <= p <= 61:
         return None
@@ -216,14 +226,27 @@ def ilayernorm(x, multiplier, shift, bias, y_zero_point, *, shift_in: int, p: in
         return None
     _, nc, _, (b, c, bias_) = ch
     y = np.empty(x.shape, zyt.dtype)
-    _call("ILayerNorm", "ivit_ilayernorm", _ptr(x), _CODES[x.dtype], x.size // length, length, _ptr(b),
-          _ptr(c), _ptr(bias_), nc, zy, shift_in, p, qmin, qmax, _ptr(y), _CODES[y.dtype], _threads)
+    _call(op, name, _ptr(x), _CODES[x.dtype], x.size // length, length, _ptr(b), _ptr(c), _ptr(bias_), nc, zy,
+          shift_in, p, qmin, qmax, _ptr(y), _CODES[y.dtype], _threads)
     return y
+
+
+def ilayernorm(x, multiplier, shift, bias, y_zero_point, **attrs):
+    return _layernorm("ILayerNorm", "ivit_ilayernorm", x, multiplier, shift, bias, y_zero_point, **attrs)
+
+
+def l1layernorm(x, multiplier, shift, bias, y_zero_point, **attrs):
+    return _layernorm("L1LayerNorm", "ivit_l1layernorm", x, multiplier, shift, bias, y_zero_point, **attrs)
+
+
+def ibertgelu(x, multiplier, shift, y_zero_point, *, clip: int, coeff: int, k: int, qmin: int, qmax: int):
+    args = (x, multiplier, shift, y_zero_point, qmin, qmax)
+    return _gelu("IBertGELU", "ivit_ibertgelu", 0 <= k <= 62, *args, clip, coeff, k)
 
 
 #: op_type -> native wrapper (same arguments as the reference; ``None`` means "use the reference")
 KERNELS = {"Requantize": requantize, "IAdd": iadd, "Shiftmax": shiftmax, "ShiftGELU": shiftgelu,
-           "ILayerNorm": ilayernorm}
+           "ILayerNorm": ilayernorm, "IBertGELU": ibertgelu, "L1LayerNorm": l1layernorm}
 
 
 def run(op: str, reference, *inputs, **attrs) -> np.ndarray:

@@ -102,6 +102,19 @@ inline i64 shift_sigmoid(const Exp& exp, i64 top, i64 sh, i64 v) {
   return shr(e1 * recip(e1 + e2), sh);
 }
 
+// IBertGELU's g(v) of opset/ibertgelu.py: D - e for v < 0, else D + e, with
+// e = round_shift(coeff - max(clip - |v|, 0)**2, k) and D = round_shift(coeff, k); 0 <= k <= 62, |v| < 2**62.
+struct IBertErf {
+  i64 clip, coeff, k, half, d;
+  IBertErf(i64 clip_, i64 coeff_, i64 k_)
+      : clip(clip_), coeff(coeff_), k(k_), half(shl(1, k_) >> 1), d((coeff_ + (shl(1, k_) >> 1)) >> k_) {}
+  i64 operator()(i64 v) const {
+    const i64 t = std::max<i64>(clip - (v < 0 ? -v : v), 0);
+    const i64 e = (coeff - t * t + half) >> k;
+    return v < 0 ? d - e : d + e;
+  }
+};
+
 // isqrt of opset/ilayernorm.py for v >= 1: start 2**((bits(v)+1)//2), 10 Newton steps r <- min(r, (r + v//r)//2)
 inline i64 isqrt_newton(i64 v) {
   i64 nbits = 0;

@@ -505,15 +505,23 @@ IVIT_CLONES void softmax_out(const i64* __restrict e, TO* __restrict y, i64 len,
   for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(((e[j] * f) >> sh) + zy);
 }
 
-template <class TI>
-IVIT_CLONES i64 centre(const TI* __restrict x, i64* __restrict d, i64 len, i64 scale, i64 mean) {
+// d = x * scale - mean over a row, and the sum of norm(d): d * d (ILayerNorm) or |d| (L1LayerNorm)
+template <class TI, class Norm>
+IVIT_CLONES i64 centre(const TI* __restrict x, i64* __restrict d, i64 len, i64 scale, i64 mean, Norm norm) {
   i64 v = 0;
   for (i64 j = 0; j < len; ++j) {
     d[j] = static_cast<i64>(x[j]) * scale - mean;
-    v += d[j] * d[j];
+    v += norm(d[j]);
   }
   return v;
 }
+
+struct Square {
+  i64 operator()(i64 d) const { return d * d; }
+};
+struct Abs {
+  i64 operator()(i64 d) const { return d < 0 ? -d : d; }
+};
 
 template <class TO>
 IVIT_CLONES void layernorm_out(const i64* __restrict d, TO* __restrict y, i64 len, i64 f, i64 ush, const i64* __restrict b,
@@ -604,6 +612,39 @@ void shiftmax_rows(i64 rows, i64 len, i64 span, i64 x0, i64 n, i64 bits, i64 zy,
       softmax_out(e.data(), y + r * len, len, floor_div(RECIP_M, sum), sh, zy);
     }
   });
+}
+
+// A LayerNorm over rows of `len` (b, c, bias per channel of the last axis, or one value when nc == 1): d centred,
+// u = floor(d * floor(2**61 / root(max(sum(norm(d)), 1))) / 2**(61 - p)), then the per-channel rescale.
+template <class Norm, class Root>
+int layernorm_rows(const void* x, int ti, i64 rows, i64 len, const i64* b, const i64* c, const i64* bias, i64 nc,
+                   i64 zy, i64 shift_in, i64 p, i64 qmin, i64 qmax, void* y, int to, int threads, Norm norm,
+                   Root root) {
+  std::vector<i64> bb(len), cc(len), biases(len);  // per channel, whatever nc
+  for (i64 j = 0; j < len; ++j) {
+    const i64 k = nc == 1 ? 0 : j;
+    bb[j] = b[k];
+    cc[j] = c[k];
+    biases[j] = bias[k];
+  }
+  const std::vector<i64> half = halves(cc.data(), len);
+  const Rescale rs{zy, qmin, qmax};
+  return with_types(ti, to, [&](auto ti_, auto to_) {
+    using TI = decltype(ti_);
+    using TO = decltype(to_);
+    const i64 scale = shl(1, shift_in), ush = 61 - p;
+    parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 lo, i64 hi) {
+      std::vector<i64> d(len);
+      for (i64 r = lo; r < hi; ++r) {
+        const TI* xr = as<TI>(x) + r * len;
+        i64 sum = 0;
+        for (i64 j = 0; j < len; ++j) sum += xr[j];
+        const i64 v = std::max<i64>(centre(xr, d.data(), len, scale, floor_div(sum * scale, len), norm), 1);
+        layernorm_out(d.data(), static_cast<TO*>(y) + r * len, len, floor_div(i64(1) << 61, root(v)), ush, bb.data(),
+                      biases.data(), half.data(), cc.data(), rs);
+      }
+    });
+  }) ? 0 : 1;
 }
 
 }  // namespace
@@ -776,34 +817,27 @@ int ivit_shiftgelu(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i6
                       });
 }
 
-// ILayerNorm over rows of `len` (b, c, bias per channel of the last axis, or one value when nc == 1).
+// ILayerNorm: the variance's exact integer square root
 int ivit_ilayernorm(const void* x, int ti, i64 rows, i64 len, const i64* b, const i64* c, const i64* bias,
                     i64 nc, i64 zy, i64 shift_in, i64 p, i64 qmin, i64 qmax, void* y, int to, int threads) {
-  std::vector<i64> bb(len), cc(len), biases(len);  // per channel, whatever nc
-  for (i64 j = 0; j < len; ++j) {
-    const i64 k = nc == 1 ? 0 : j;
-    bb[j] = b[k];
-    cc[j] = c[k];
-    biases[j] = bias[k];
-  }
-  const std::vector<i64> half = halves(cc.data(), len);
-  const Rescale rs{zy, qmin, qmax};
-  return with_types(ti, to, [&](auto ti_, auto to_) {
-    using TI = decltype(ti_);
-    using TO = decltype(to_);
-    const i64 scale = shl(1, shift_in), ush = 61 - p;
-    parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 lo, i64 hi) {
-      std::vector<i64> d(len);
-      for (i64 r = lo; r < hi; ++r) {
-        const TI* xr = as<TI>(x) + r * len;
-        i64 sum = 0;
-        for (i64 j = 0; j < len; ++j) sum += xr[j];
-        const i64 v = std::max<i64>(centre(xr, d.data(), len, scale, floor_div(sum * scale, len)), 1);
-        layernorm_out(d.data(), static_cast<TO*>(y) + r * len, len, floor_div(i64(1) << 61, isqrt(v)), ush, bb.data(),
-                      biases.data(), half.data(), cc.data(), rs);
-      }
-    });
-  }) ? 0 : 1;
+  return layernorm_rows(x, ti, rows, len, b, c, bias, nc, zy, shift_in, p, qmin, qmax, y, to, threads, Square{},
+                        [](i64 v) { return isqrt(v); });
+}
+
+// L1LayerNorm: the L1 norm of the centred row itself
+int ivit_l1layernorm(const void* x, int ti, i64 rows, i64 len, const i64* b, const i64* c, const i64* bias,
+                     i64 nc, i64 zy, i64 shift_in, i64 p, i64 qmin, i64 qmax, void* y, int to, int threads) {
+  return layernorm_rows(x, ti, rows, len, b, c, bias, nc, zy, shift_in, p, qmin, qmax, y, to, threads, Abs{},
+                        [](i64 v) { return v; });
+}
+
+// IBertGELU: y = clip(round_shift(x * g(x) * b[ch], c[ch]) + zy, qmin, qmax) with g = IBertErf (intmath.h): no
+// division, so no table; ch = (i / inner) % nc; 0 <= c <= 62, 0 <= k <= 62.
+int ivit_ibertgelu(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* b, const i64* c, i64 zy,
+                   i64 clip, i64 coeff, i64 k, i64 qmin, i64 qmax, void* y, int to, int threads) {
+  const IBertErf erf(clip, coeff, k);
+  return rescale_each(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to, threads,
+                      [&](const auto*, i64, auto run) { run([erf](i64 v) { return v * erf(v); }); });
 }
 
 // 1 where the AVX2 rescale loops run on this CPU (avx2_path), else 0: for the tests.

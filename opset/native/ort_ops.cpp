@@ -1,6 +1,6 @@
 // The ai.ivit custom-op library for onnxruntime, through its C ABI (ort_abi.h): no Python, no onnxruntime
 // headers. onnxruntime loads this shared library (SessionOptions.register_custom_ops_library(path), or
-// RegisterCustomOpsLibrary in C/C++) and calls RegisterCustomOps, which registers the five ops of the
+// RegisterCustomOpsLibrary in C/C++) and calls RegisterCustomOps, which registers the ops of the
 // private opset in their own domain, ai.ivit (opset/README.md), and two fused ops in ai.ivit.fused that
 // only the session-time rewrite ivit_onnx/chain_fold.py writes.
 //
@@ -57,7 +57,8 @@ void check(ort::Status* s) {
 // int8/uint8/int16/int32 input; int64 input; the output zero point; a lookup table (1-D, not broadcast)
 // of the output type; an int32 lookup table
 enum Port { INT, I64, OUT, TABLE_OUT, TABLE_I32 };
-enum Op { REQUANTIZE, IADD, SHIFTMAX, SHIFTGELU, ILAYERNORM, REQUANTIZE_TABLE, REQUANTIZE_SHIFTMAX };
+enum Op { REQUANTIZE, IADD, SHIFTMAX, SHIFTGELU, ILAYERNORM, REQUANTIZE_TABLE, REQUANTIZE_SHIFTMAX,
+          IBERTGELU, L1LAYERNORM };
 
 struct OpDef {
   const char* domain;
@@ -80,6 +81,9 @@ const OpDef OPS[] = {
     {FUSED, "RequantizeTable", REQUANTIZE_TABLE, {INT, INT, I64, I64, INT, TABLE_OUT}, {"qmin", "qmax"}},
     {FUSED, "RequantizeShiftmax", REQUANTIZE_SHIFTMAX, {INT, INT, I64, I64, INT, TABLE_I32, OUT},
      {"qmin", "qmax", "x0", "n", "bits"}},
+    // the paper's ablation alternatives (Table 2)
+    {OPSET, "IBertGELU", IBERTGELU, {INT, I64, I64, OUT}, {"clip", "coeff", "k", "qmin", "qmax"}},
+    {OPSET, "L1LayerNorm", L1LAYERNORM, {INT, I64, I64, I64, OUT}, {"shift_in", "p", "qmin", "qmax"}},
 };
 constexpr int N_OPS = sizeof(OPS) / sizeof(OPS[0]);
 
@@ -219,7 +223,7 @@ bool shifts_ok(const std::vector<i64>& c) {
 struct Kernel {
   const OpDef* def;
   std::string node;
-  i64 attr[5];  // in the order of def->attrs
+  i64 attr[5];  // in the order of def->attrs (at most 5)
 };
 
 // The calling thread's kernels run their chunks on onnxruntime's pool while this is alive.
@@ -324,52 +328,90 @@ void shiftmax(Call& c) {
   for (size_t i = 0; i < pv.size(); ++i) store(c.y, c.y_elem, i, pv[i] + zy[i]);
 }
 
-void shiftgelu(Call& c) {
+// ShiftGELU and IBertGELU (inputs x, multiplier, shift, y_zero_point; three attributes of their own, then qmin,
+// qmax): the fused kernel where the call fits it (fused(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to)),
+// else y = clip(round_shift(x * g(x) * b, c) + zy, qmin, qmax) over the broadcast shape
+template <class Fused, class G>
+void gelu(Call& c, Fused fused, G g) {
   const i64 qmin = c.a(3), qmax = c.a(4);
   Channels ch;
   if (c.full(0) && c.scalar(3) && channels(c.out, {&c.in[1], &c.in[2]}, ch) && shifts_ok(ch.values[1])) {
-    ivit_shiftgelu(c.in[0].data, c.code(0), ch.outer, ch.nc, ch.inner, ch.values[0].data(), ch.values[1].data(),
-                   c.in[3].at(0), c.a(0), c.a(1), c.a(2), qmin, qmax, c.y, kernel_code(c.y_elem), 0);
+    fused(c.in[0].data, c.code(0), ch.outer, ch.nc, ch.inner, ch.values[0].data(), ch.values[1].data(),
+          c.in[3].at(0), qmin, qmax, c.y, kernel_code(c.y_elem));
     return;
   }
-  const ivit::Exp exp(c.a(0), c.a(1));
-  const i64 top = exp(0), sh = 62 - c.a(2);
   const auto x = expand(c.in[0], c.out), b = expand(c.in[1], c.out);
   std::vector<i64> t(x.size());
-  for (size_t i = 0; i < t.size(); ++i) t[i] = x[i] * ivit::shift_sigmoid(exp, top, sh, x[i]) * b[i];
-  saturate_all(c, t, expand(c.in[2], c.out), expand(c.in[4], c.out), qmin, qmax);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = x[i] * g(x[i]) * b[i];
+  saturate_all(c, t, expand(c.in[2], c.out), expand(c.in[3], c.out), qmin, qmax);
 }
 
-void ilayernorm(Call& c) {
+void shiftgelu(Call& c) {
+  const i64 x0 = c.a(0), n = c.a(1), bits = c.a(2);
+  const ivit::Exp exp(x0, n);
+  const i64 top = exp(0), sh = 62 - bits;
+  gelu(
+      c,
+      [&](const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* b, const i64* cs, i64 zy, i64 qmin,
+          i64 qmax, void* y, int to) {
+        ivit_shiftgelu(x, ti, outer, nc, inner, b, cs, zy, x0, n, bits, qmin, qmax, y, to, 0);
+      },
+      [&](i64 v) { return ivit::shift_sigmoid(exp, top, sh, v); });
+}
+
+// ILayerNorm and L1LayerNorm: the fused kernel `fused` where the call fits it, else row by row over x (d
+// centred, u = d * floor(2**61 / root(max(sum(norm(d)), 1))) scaled to 2**p), then the rescale over the
+// broadcast shape
+template <class Fused, class Norm, class Root>
+void layernorm(Call& c, Fused fused, Norm norm, Root root) {
   const Tensor& x = c.in[0];
-  fail_if(x.shape.empty(), "x must have at least one axis (ILayerNorm works along the last one)");
+  fail_if(x.shape.empty(), "x must have at least one axis (the op works along the last one)");
   const i64 shift_in = c.a(0), p = c.a(1), qmin = c.a(2), qmax = c.a(3);
   const i64 len = x.shape.back(), rows = len ? x.size / len : 0;
   Channels ch;
   if (c.full(0) && c.scalar(4) && channels(c.out, {&c.in[1], &c.in[2], &c.in[3]}, ch) &&
       (ch.axis == -1 || ch.axis == static_cast<int>(c.out.size()) - 1) && shifts_ok(ch.values[1])) {
-    ivit_ilayernorm(x.data, c.code(0), rows, len, ch.values[0].data(), ch.values[1].data(), ch.values[2].data(),
-                    ch.nc, c.in[4].at(0), shift_in, p, qmin, qmax, c.y, kernel_code(c.y_elem), 0);
+    fused(x.data, c.code(0), rows, len, ch.values[0].data(), ch.values[1].data(), ch.values[2].data(), ch.nc,
+          c.in[4].at(0), shift_in, p, qmin, qmax, c.y, kernel_code(c.y_elem), 0);
     return;
   }
-  // u = (x - mean) / std scaled to 2**p, row by row over x, then the rescale over the broadcast shape
   std::vector<i64> u(x.size), d(len);
   const i64 scale = ivit::shl(1, shift_in);
   for (i64 r = 0; r < rows; ++r) {
-    i64 sum = 0, var = 0;
+    i64 sum = 0, acc = 0;
     for (i64 j = 0; j < len; ++j) sum += x.at(r * len + j);
     const i64 mean = ivit::floor_div(sum * scale, len);
     for (i64 j = 0; j < len; ++j) {
       d[j] = x.at(r * len + j) * scale - mean;
-      var += d[j] * d[j];
+      acc += norm(d[j]);
     }
-    const i64 f = ivit::floor_div(i64(1) << 61, ivit::isqrt(std::max<i64>(var, 1)));
+    const i64 f = ivit::floor_div(i64(1) << 61, root(std::max<i64>(acc, 1)));
     for (i64 j = 0; j < len; ++j) u[r * len + j] = ivit::shr(d[j] * f, 61 - p);
   }
   const auto uv = expand(view(u, x.shape), c.out), b = expand(c.in[1], c.out), bias = expand(c.in[3], c.out);
   std::vector<i64> t(uv.size());
   for (size_t i = 0; i < t.size(); ++i) t[i] = uv[i] * b[i] + bias[i];
   saturate_all(c, t, expand(c.in[2], c.out), expand(c.in[4], c.out), qmin, qmax);
+}
+
+void ilayernorm(Call& c) {
+  layernorm(c, ivit_ilayernorm, [](i64 d) { return d * d; }, [](i64 v) { return ivit::isqrt(v); });
+}
+
+void l1layernorm(Call& c) {
+  layernorm(c, ivit_l1layernorm, [](i64 d) { return d < 0 ? -d : d; }, [](i64 v) { return v; });
+}
+
+void ibertgelu(Call& c) {
+  const i64 clip = c.a(0), coeff = c.a(1), k = c.a(2);
+  const ivit::IBertErf erf(clip, coeff, k);
+  gelu(
+      c,
+      [&](const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64* b, const i64* cs, i64 zy, i64 qmin,
+          i64 qmax, void* y, int to) {
+        ivit_ibertgelu(x, ti, outer, nc, inner, b, cs, zy, clip, coeff, k, qmin, qmax, y, to, 0);
+      },
+      erf);
 }
 
 // The fused ops take what the session-time rewrite writes: x shaped like the output, a scalar zero point
@@ -416,6 +458,8 @@ void run_op(Call& c) {
     case ILAYERNORM: return ilayernorm(c);
     case REQUANTIZE_TABLE: return requantize_table(c);
     case REQUANTIZE_SHIFTMAX: return requantize_shiftmax(c);
+    case IBERTGELU: return ibertgelu(c);
+    case L1LAYERNORM: return l1layernorm(c);
   }
 }
 
@@ -511,6 +555,8 @@ void check_attrs(const Kernel& k) {
     case REQUANTIZE_SHIFTMAX: need(2, 1, i64(1) << 52), need(3, 0, 62), need(4, 1, 30); break;
     case SHIFTGELU: need(0, 1, i64(1) << 52), need(1, 0, 62), need(2, 0, 62); break;
     case ILAYERNORM: need(0, 0, 62), need(1, 0, 61); break;
+    case L1LAYERNORM: need(0, 0, 62), need(1, 0, 61); break;
+    case IBERTGELU: need(0, 0, (i64(1) << 31) - 1), need(1, 0, (i64(1) << 62) - 1), need(2, 0, 62); break;
     default: break;
   }
 }
@@ -590,7 +636,8 @@ IvitOp make_op(const OpDef& def) {
 
 IvitOp* ops() {
   static IvitOp table[N_OPS] = {make_op(OPS[0]), make_op(OPS[1]), make_op(OPS[2]), make_op(OPS[3]),
-                                make_op(OPS[4]), make_op(OPS[5]), make_op(OPS[6])};
+                                make_op(OPS[4]), make_op(OPS[5]), make_op(OPS[6]), make_op(OPS[7]),
+                                make_op(OPS[8])};
   return table;
 }
 

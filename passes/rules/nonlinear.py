@@ -93,12 +93,19 @@ def _shiftgelu(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
     return _emit(lw, node, "ShiftGELU", inputs, gp.t, x0=gp.x0, n=gp.n, bits=gp.bits)
 
 
+def _ibert_gelu(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
+    gp = qparams.ibert_gelu(a, lw.target(node.outputs[0]), lw.opt.min_x0, lw.opt.gelu_bits, lw.dyadic)
+    inputs = [_upscale(lw, it, a, gp.up), lw.const(gp.multiplier, "mult"), lw.const(gp.shift, "shift")]
+    return _emit(lw, node, "IBertGELU", inputs, gp.t, clip=gp.clip, coeff=gp.coeff, k=gp.k)
+
+
 #: GELU kernels by ``Options.gelu``: ``(lw, node, input, symmetric per-tensor type)``
-GELU = {"shiftgelu": _shiftgelu}
+GELU = {"shiftgelu": _shiftgelu, "ibert": _ibert_gelu}
 
 
 class Gelu(Rule):
-    """Gelu (the fusion's marker, or opset 20's op) → ShiftGELU, requantized inside."""
+    """Gelu (the fusion's marker, or opset 20's op) → ShiftGELU or IBertGELU (``--gelu``), requantized
+    inside."""
 
     pattern = Op("Gelu")
 
@@ -110,21 +117,31 @@ class Gelu(Rule):
         return _variant(lw, m.root, "gelu", GELU)(lw, m.root, it, a)
 
 
-def _ilayernorm(lw: Lowerer, node: gs.Node, it, a: Affine, gamma, beta) -> Outcome:
-    c_len, target = _last_dim(node.inputs[0]), lw.target(node.outputs[0])
-    lp = qparams.layernorm(a, c_len, gamma, beta, target, lw.opt.ln_fraction_bits, lw.dyadic)
-    if lp.pre is not None:
-        it = lw.requantize(it, a, lp.pre, "ln_in")
-    inputs = [it, lw.const(lp.multiplier, "mult"), lw.const(lp.shift, "shift"), lw.const(lp.bias, "bias")]
-    return _emit(lw, node, "ILayerNorm", inputs, lp.t, shift_in=lp.shift_in, p=lp.p)
+def _layernorm(op: str, params):
+    """The emitter of a LayerNorm kernel ``op`` whose parameters come from ``params`` (``qparams.layernorm``'s
+    signature): an optional narrowing Requantize, then the op with gamma and beta folded."""
+
+    def emit(lw: Lowerer, node: gs.Node, it, a: Affine, gamma, beta) -> Outcome:
+        c_len, target = _last_dim(node.inputs[0]), lw.target(node.outputs[0])
+        lp = params(a, c_len, gamma, beta, target, lw.opt.ln_fraction_bits, lw.dyadic)
+        if lp.pre is not None:
+            it = lw.requantize(it, a, lp.pre, "ln_in")
+        inputs = [it, lw.const(lp.multiplier, "mult"), lw.const(lp.shift, "shift"), lw.const(lp.bias, "bias")]
+        return _emit(lw, node, op, inputs, lp.t, shift_in=lp.shift_in, p=lp.p)
+
+    return emit
 
 
 #: LayerNorm kernels by ``Options.layernorm``: ``(lw, node, input, type, gamma, beta or None)``
-LAYERNORM = {"ilayernorm": _ilayernorm}
+LAYERNORM = {
+    "ilayernorm": _layernorm("ILayerNorm", qparams.layernorm),
+    "l1": _layernorm("L1LayerNorm", qparams.l1_layernorm),
+}
 
 
 class LayerNorm(Rule):
-    """LayerNormalization over the last axis with constant gamma/beta → ILayerNorm (gamma, beta folded)."""
+    """LayerNormalization over the last axis with constant gamma/beta → ILayerNorm or L1LayerNorm
+    (``--layernorm``; gamma, beta folded)."""
 
     pattern = Op("LayerNormalization")
 

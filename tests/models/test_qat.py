@@ -3,7 +3,8 @@
 The digits ViT (bundled FP32 weights), min/max-calibrated, 4-bit weights, a few QAT steps (EMA scales and
 weights move), then: the integer ONNX graph's logits on the whole digits test split equal the QAT model's,
 bit for bit; every integer tensor the QAT model computes is one of the graph's; and the straight-through
-gradients reach every parameter.
+gradients reach every parameter. The same bit-exactness holds with the ablation's kernels
+(``Options(gelu="ibert", layernorm="l1")``: IBertGELU, L1LayerNorm).
 """
 
 from __future__ import annotations
@@ -15,12 +16,17 @@ torch = pytest.importorskip("torch")
 
 from ivit_onnx.models import bundled, digits  # noqa: E402
 
+#: the ablation's kernels (paper Table 2) in one model: I-BERT's GELU, Fully-8bit's L1 LayerNorm
+ABLATION = {"gelu": "ibert", "layernorm": "l1"}
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+
+def train(**options):
+    """The digits QAT model (4-bit weights, one short epoch) with ``Options(**options)``: the model, its
+    scales before training, the test split and the model's logits on it."""
     from ivit_onnx.models.make_default import QUANT_CONFIG
     from ivit_onnx.models.qat import qat
     from ivit_onnx.models.qat_digits import QAT_CONFIG, finetune, load_fp32_onnx
+    from ivit_onnx.pipeline import Options
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -30,6 +36,7 @@ def trained(tmp_path_factory):
             load_fp32_onnx(bundled.default_fp32_path()),
             [torch.from_numpy(x_tr[:256])],
             weight_bits=4,
+            options=Options(**options),
             **QUANT_CONFIG,
         )
         before = {n: m.scale.item() for n, m in qm.fq.named_modules() if hasattr(m, "calibrating")}
@@ -41,20 +48,27 @@ def trained(tmp_path_factory):
     return qm, before, x_te, y_te, logits
 
 
-@pytest.fixture(scope="module")
-def converted(trained, tmp_path_factory):
-    """The QAT model's export (``IntegerViT.fq``) after ``ivit-onnx rewrite``, and the rewrite report."""
+def convert(qm, x, tmp, **options):
+    """The QAT model's export (``IntegerViT.fq``) after ``ivit-onnx rewrite`` with ``options``; the report."""
     from ivit_onnx import rewrite
     from ivit_onnx.models.export import export_onnx
 
-    qm, _, x, *_ = trained
-    tmp = tmp_path_factory.mktemp("qat")
     export_onnx(qm.fq, torch.from_numpy(x[:2]), tmp / "fq.onnx", exporter="dynamo", opset=17)
-    model, report = rewrite(tmp / "fq.onnx", tmp / "int.onnx")
-    return model, report
+    return rewrite(tmp / "fq.onnx", tmp / "int.onnx", **options)
 
 
-def test_integer_graph_equals_qat_model_bit_for_bit(trained, converted):
+@pytest.fixture(scope="module")
+def trained():
+    return train()
+
+
+@pytest.fixture(scope="module")
+def converted(trained, tmp_path_factory):
+    qm, _, x, *_ = trained
+    return convert(qm, x, tmp_path_factory.mktemp("qat"))
+
+
+def assert_graph_equals_qat_model(trained, converted) -> None:
     from ivit_onnx.opset.ort_library import session
 
     _, _, x, y, logits = trained
@@ -65,6 +79,20 @@ def test_integer_graph_equals_qat_model_bit_for_bit(trained, converted):
     diff = np.argwhere(got != logits)
     assert not len(diff), f"{len(diff)} of {logits.size} logits differ, first at {tuple(diff[0])}"
     assert (logits.argmax(-1) == y).mean() > 0.8  # a working classifier, not a degenerate constant
+
+
+def test_integer_graph_equals_qat_model_bit_for_bit(trained, converted):
+    assert_graph_equals_qat_model(trained, converted)
+
+
+def test_ablation_kernels_integer_graph_equals_qat_model(tmp_path):
+    """``Options(gelu="ibert", layernorm="l1")`` in QAT and in the rewrite: IBertGELU and L1LayerNorm in the
+    graph, and its logits equal the QAT model's bit for bit."""
+    trained = train(**ABLATION)
+    model, report = convert(trained[0], trained[2], tmp_path, **ABLATION)
+    ops = {n.op_type for n in model.graph.node}
+    assert {"IBertGELU", "L1LayerNorm"} <= ops and not ops & {"ShiftGELU", "ILayerNorm"}
+    assert_graph_equals_qat_model(trained, (model, report))
 
 
 def test_every_integer_tensor_is_in_the_integer_graph(trained, converted):

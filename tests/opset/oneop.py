@@ -210,17 +210,19 @@ def ln_shift_in(c_len: int, max_abs_d: int, cap: int = 16) -> int:
     return k
 
 
-def ilayernorm_params(gamma, beta, s_y: float, max_abs_d: int, qmin: int, qmax: int, p: int = 30):
+def ilayernorm_params(gamma, beta, s_y: float, max_abs_d: int, qmin: int, qmax: int, p: int = 30,
+                      unit: float | None = None):
     """``(attrs, multiplier, shift, bias)`` of an ILayerNorm with per-channel ``gamma``/``beta``.
 
-    ``b/2**c ~ sqrt(C) gamma / (2**p s_y)`` (signed), ``bias = round(beta/s_y * 2**c)``; each channel's
-    multiplier width leaves room for its bias so ``2**p |b| + |bias| + 2**(c-1) < 2**63``; ``shift_in``
-    is the widest that keeps ``C * max|d|**2 < 2**62`` (``max_abs_d`` bounds ``|x - mean|``).
+    ``b/2**c ~ sqrt(C) gamma / (2**p s_y)`` (signed; ``unit`` instead of ``sqrt(C)``: L1LayerNorm's
+    ``C / sqrt(pi/2)``), ``bias = round(beta/s_y * 2**c)``; each channel's multiplier width leaves room for
+    its bias so ``2**p |b| + |bias| + 2**(c-1) < 2**63``; ``shift_in`` is the widest that keeps
+    ``C * max|d|**2 < 2**62`` (``max_abs_d`` bounds ``|x - mean|``).
     """
     gamma = np.asarray(gamma, dtype=np.float64)
     beta = np.asarray(beta, dtype=np.float64)
     c_len = gamma.shape[-1]
-    m = math.sqrt(c_len) * gamma / (2.0**p * s_y)
+    m = (math.sqrt(c_len) if unit is None else unit) * gamma / (2.0**p * s_y)
     bs, cs, biases = [], [], []
     for mi, bi in zip(m, beta / s_y, strict=True):
         # |bias| ~ |beta/s_y| * |b| / |m|: widen the bound the multiplier multiplies by that much
@@ -234,3 +236,38 @@ def ilayernorm_params(gamma, beta, s_y: float, max_abs_d: int, qmin: int, qmax: 
     shift_in = ln_shift_in(c_len, max_abs_d)
     attrs = {"shift_in": shift_in, "p": p, "qmin": qmin, "qmax": qmax}
     return attrs, np.array(bs, np.int64), np.array(cs, np.int64), np.array(biases, np.int64)
+
+
+# ------------------------------------------------------------ the ablation's kernels (paper Table 2)
+
+
+def ibertgelu_params(s_x: float, s_y: float, max_abs: int, bits: int, qmin: int, qmax: int, per_channel=None):
+    """``(attrs, multiplier, shift)`` of an IBertGELU.
+
+    erf's grid ``s' = s/sqrt 2``: ``clip = round(1.769/s')``, ``coeff = max(round(1/(0.2888 s'**2)),
+    clip**2)``, ``k`` leaving ``bits`` bits in ``D = round_shift(coeff, k)``, ``b/2**c ~ s / (2 D s_y)``.
+    """
+    s_erf = s_x / math.sqrt(2)
+    clip = round(1.769 / s_erf)
+    coeff = max(round(1 / (0.2888 * s_erf**2)), clip * clip)
+    k = max(0, coeff.bit_length() - bits)
+    d = (coeff + (1 << k >> 1)) >> k
+    assert clip < 2**31 and coeff + 2**k < 2**62
+    bound = max_abs * 2 * d
+    mbits = multiplier_bits(bound)
+    if per_channel is None:
+        b, c = dyadic(s_x / (2 * d * s_y), mbits)
+        b, c = np.int64(b), np.int64(c)
+    else:
+        b, c = dyadic_array(s_x / (2 * d * s_y * np.asarray(per_channel, dtype=np.float64)), mbits)
+    assert np.all(bound * np.abs(b) + (np.int64(1) << c) // 2 < I62)
+    return {"clip": clip, "coeff": coeff, "k": k, "qmin": qmin, "qmax": qmax}, b, c
+
+
+def l1_shift_in(c_len: int, max_abs_x: int) -> int:
+    """Largest ``shift_in <= 62`` with ``C * max|x| * 2**shift_in < 2**61`` (L1LayerNorm's precondition)."""
+    k = 62
+    while k > 0 and c_len * max(max_abs_x, 1) << k >= 2**61:
+        k -= 1
+    assert c_len * max(max_abs_x, 1) << k < 2**61, "input range too wide for L1LayerNorm"
+    return k

@@ -73,16 +73,21 @@ def int_layernorm(x_int, gamma, beta) -> tuple[np.ndarray, np.ndarray]:
     c_len = x.shape[-1]
     mean = np.round(x.mean(axis=-1, keepdims=True)).astype(np.int64)  # torch.round: half to even
     y = x - mean
-    var = (y * y).sum(axis=-1, keepdims=True)
-    k = np.full_like(var, 2**16)
-    for _ in range(10):
-        k = (k + var // k) // 2
-    factor = INT31 // k
+    factor = INT31 // isqrt((y * y).sum(axis=-1, keepdims=True))
     y = (y * factor) // 2
     scale = math.sqrt(c_len) / 2**30
     gamma = np.asarray(gamma, np.float64)
     bias = np.floor(np.asarray(beta, np.float64) / gamma / scale).astype(np.int64)
     return y + bias, scale * gamma
+
+
+def isqrt(var) -> np.ndarray:
+    """IntLayerNorm's square root: 10 Newton steps ``k = (k + var // k) // 2`` from ``k = 2**16``."""
+    var = np.asarray(var, np.int64)
+    k = np.full_like(var, 2**16)
+    for _ in range(10):
+        k = (k + var // k) // 2
+    return k
 
 
 def quantize(values, scale, s_y: float, dtype) -> np.ndarray:

@@ -9,6 +9,7 @@ and 18, parameters as initializers or graph inputs); rows up to 4096 are covered
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -23,8 +24,10 @@ from tests.opset.oneop import (
     OPSETS,
     check_all_ways,
     iadd_params,
+    ibertgelu_params,
     ilayernorm_params,
     info,
+    l1_shift_in,
     requantize_params,
     shiftgelu_params,
     shiftmax_params,
@@ -189,7 +192,7 @@ def shiftgelu_cases(draw, xt=None, yt=None):
 
 
 @st.composite
-def ilayernorm_cases(draw, xt=None, yt=None):
+def ilayernorm_cases(draw, xt=None, yt=None, unit=None):
     shape, xt, kind, rng = draw(shapes), pick(draw, xt), draw(kinds), np.random.default_rng(draw(seeds))
     c_len = shape[-1]
     lo, hi = info(xt)
@@ -204,9 +207,37 @@ def ilayernorm_cases(draw, xt=None, yt=None):
     beta = rng.normal(0, draw(st.sampled_from([0.0, 0.1, 1.0])), c_len)
     s_y = log_uniform(draw, 1e-3, 1)
     p = draw(st.sampled_from([30, 30, 0, 16, 45]))
-    attrs, b, c, bias = ilayernorm_params(gamma, beta, s_y, hi - lo, qmin, qmax, p)
+    attrs, b, c, bias = ilayernorm_params(gamma, beta, s_y, hi - lo, qmin, qmax, p, unit and unit(c_len))
     attrs["shift_in"] = draw(st.sampled_from([attrs["shift_in"], 0]))
     return [x, b, c, bias, yt(zy)], attrs
+
+
+# the ablation's kernels (paper Table 2)
+
+
+@st.composite
+def ibertgelu_cases(draw, xt=None, yt=None):
+    shape, xt, kind, rng = draw(shapes), pick(draw, xt), draw(kinds), np.random.default_rng(draw(seeds))
+    x = make_tensor(rng, shape, xt, kind)
+    yt = pick(draw, yt)
+    lo, hi = info(xt)
+    max_abs = max(abs(lo), abs(hi))
+    bits = draw(st.integers(1, min(30, 52 - max_abs.bit_length())))  # k from 0 (coarse grids) up
+    qmin, qmax = out_range(draw, yt)
+    zy = draw(st.integers(qmin, qmax))
+    s_x, s_y = log_uniform(draw, 1e-4, 1), log_uniform(draw, 1e-4, 1)
+    per_channel = np.exp(rng.uniform(np.log(0.1), np.log(10), shape[-1])) if draw(st.booleans()) else None
+    attrs, b, c = ibertgelu_params(s_x, s_y, max_abs, bits, qmin, qmax, per_channel)
+    return [x, b, c, yt(zy)], attrs
+
+
+@st.composite
+def l1layernorm_cases(draw, xt=None, yt=None):
+    (x, b, c, bias, zy), attrs = draw(ilayernorm_cases(xt, yt, unit=lambda n: n / math.sqrt(math.pi / 2)))
+    # beyond ILayerNorm's variance bound: L1LayerNorm only needs C * max|x| * 2**shift_in < 2**61
+    wide = l1_shift_in(x.shape[-1], int(np.abs(x.astype(np.int64)).max()))
+    attrs["shift_in"] = draw(st.sampled_from([attrs["shift_in"], wide]))
+    return [x, b, c, bias, zy], attrs
 
 
 CASES = {
@@ -215,6 +246,8 @@ CASES = {
     "Shiftmax": shiftmax_cases(),
     "ShiftGELU": shiftgelu_cases(),
     "ILayerNorm": ilayernorm_cases(),
+    "IBertGELU": ibertgelu_cases(),
+    "L1LayerNorm": l1layernorm_cases(),
 }
 
 
@@ -304,3 +337,37 @@ def test_iadd_extremes(at):
     ma, mb, c = iadd_params(1e-4, 1.0, 1e-4, max_abs_minus(at, hi), 65535)
     check_all_ways(OPS["IAdd"], [a, b, at(hi), np.int16(-32768), ma, mb, c, np.int32(0)],
                    {"qmin": -(2**31), "qmax": 2**31 - 1})
+
+
+# ------------------------------------------------------------- the ablation's kernels: long rows, edges
+
+
+@pytest.mark.parametrize("row", [1, 197, 4096])
+@pytest.mark.parametrize("dtype,s_x", [(np.int8, 0.05), (np.int32, 1e-4), (np.int16, 2e-3), (np.int8, 1.0)])
+def test_ibertgelu_long_rows(row, dtype, s_x):
+    lo, hi = info(dtype)
+    max_abs = max(-lo, hi)
+    attrs, b, c = ibertgelu_params(s_x, s_x * max_abs / 127, max_abs, 15, -128, 127)
+    x = long_row_input(row, dtype, "uniform", seed=row)
+    # the erf's clip point and its neighbours, both signs, and the dtype's extremes
+    edges = np.array([0, 1, attrs["clip"] - 1, attrs["clip"], attrs["clip"] + 1, hi], np.int64)
+    edges = np.clip(np.concatenate([edges, -edges, [lo]]), lo, hi).astype(dtype)
+    x.reshape(-1)[: min(x.size, edges.size)] = edges[: x.size]
+    check_all_ways(OPS["IBertGELU"], [x, b, c, np.int8(0)], attrs, opset=OPSETS[row % 2])
+
+
+@pytest.mark.parametrize("row", LONG_ROWS)
+@pytest.mark.parametrize("dtype,bound", [(np.int8, None), (np.int16, None), (np.int32, 2**20)])
+@pytest.mark.parametrize("kind", ["extreme", "constant_rows"])
+def test_l1layernorm_long_rows(row, dtype, bound, kind):
+    lo, hi = info(dtype) if bound is None else (-bound, bound - 1)
+    rng = np.random.default_rng(row)
+    gamma = rng.choice([-1, 1], row) * np.exp(rng.uniform(np.log(1e-2), np.log(4), row))
+    attrs, b, c, bias = ilayernorm_params(
+        gamma, rng.normal(0, 1, row), 0.05, hi - lo, -32768, 32767, unit=row / math.sqrt(math.pi / 2)
+    )
+    x = long_row_input(row, dtype, kind, seed=row, lo=lo, hi=hi)
+    check_all_ways(OPS["L1LayerNorm"], [x, b, c, bias, np.int16(0)], attrs, opset=OPSETS[row % 2])
+    # the widest shift_in the op allows: sum(|d|) just below 2**62
+    attrs["shift_in"] = l1_shift_in(row, max(-lo, hi))
+    check_all_ways(OPS["L1LayerNorm"], [x, b, c, bias, np.int16(0)], attrs, opset=OPSETS[row % 2])

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ivit_onnx.opset.ilayernorm import _isqrt_body, isqrt
+from ivit_onnx.opset.ilayernorm import SQRT_STEPS, _isqrt_body, isqrt
+from tests.opset import released_ivit as released
 from tests.opset.oneop import run_body
 
 TOP = 2**62 - 1
@@ -76,3 +77,42 @@ def test_isqrt_shapes_and_dtype():
     r = isqrt(v)
     assert r.dtype == np.int64 and r.shape == v.shape
     np.testing.assert_array_equal(r, [[1, 2, 3], [4, math.isqrt(TOP), 9]])
+
+
+# ---------------------------------------------- against I-BERT's i-sqrt (Alg. 4) and I-ViT's released one
+
+
+def ibert_isqrt(n: int) -> tuple[int, int]:
+    """I-BERT's Alg. 4 (Kim et al. 2021), ``(root, iterations)``: ``x_0 = 2**ceil(Bits(n)/2)``,
+    ``x_{i+1} = floor((x_i + floor(n / x_i)) / 2)``, returning ``x_i`` at the first ``x_{i+1} >= x_i``."""
+    x, i = 1 << ((n.bit_length() + 1) // 2), 0
+    while True:
+        nxt, i = (x + n // x) // 2, i + 1
+        if nxt >= x:
+            return x, i
+        x = nxt
+
+
+def test_isqrt_is_ibert_algorithm_4_with_a_sufficient_step_count():
+    """Ours starts where Alg. 4 starts and ``min`` freezes it where Alg. 4 stops, so the two agree wherever
+    Alg. 4 stops within SQRT_STEPS iterations: it needs at most 7 on these values (6 from a start within 2x
+    above the root, and the one that sees the fixed point). Both are exact."""
+    vals = edge_values() + random_values(5000, seed=2)
+    got = isqrt(np.array(vals, dtype=np.int64))
+    roots, steps = zip(*(ibert_isqrt(v) for v in vals), strict=True)
+    assert max(steps) == 7 <= SQRT_STEPS
+    np.testing.assert_array_equal(got, np.array(roots, np.int64))
+    np.testing.assert_array_equal(got, [math.isqrt(v) for v in vals])
+
+
+def test_released_ivit_isqrt_is_not_exact():
+    """I-ViT's released IntLayerNorm starts at 2**16 for 10 fixed steps (``released_ivit.isqrt``): it does not
+    reach the root of small or large variances and can end one above it (``k*k - 1`` oscillates between
+    ``k - 1`` and ``k``); ours is exact on all of these."""
+    vals = np.array([1, 2**10, 2**14, 2**50, 2**62 - 1, 1100 * 1100 - 1], dtype=np.int64)
+    want = np.array([math.isqrt(int(v)) for v in vals], dtype=np.int64)
+    assert np.all(released.isqrt(vals) != want)
+    np.testing.assert_array_equal(isqrt(vals), want)
+    band = np.array(random_values(2000, seed=3), dtype=np.int64)
+    band = band[(band >= 2**20) & (band < 2**44)]  # where 10 steps from 2**16 do converge
+    assert np.mean(released.isqrt(band) == [math.isqrt(int(v)) for v in band]) > 0.9

@@ -138,3 +138,34 @@ def test_unsupported_calls_fall_back_to_the_reference():
     assert np.array_equal(got, OPS["Requantize"].reference(*args, qmin=-128, qmax=127))
     bad_shift = (x, np.int32(0), np.int64(3), np.int64(63), np.int8(0))
     assert native_kernels.requantize(*bad_shift, qmin=-128, qmax=127) is None
+
+
+# ----------------------------------------------------- the ablation's kernels (IBertGELU, L1LayerNorm)
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_ibertgelu_dtypes_and_per_channel_every_axis(dtype):
+    lo, hi = info(dtype)
+    x = RNG.integers(max(lo, -3000), min(hi, 3000), (4, 6, 50), endpoint=True).astype(dtype)
+    clip = 1051 if hi > 3000 else 50
+    coeff = clip * clip * 11 // 10
+    x.reshape(-1)[:6] = [0, 1, clip - 1, clip, clip + 1, min(hi, 3000)]  # around the clip point
+    for shape in [(), (50,), (6, 1), (4, 1, 1), (1, 1, 50)]:
+        b = RNG.integers(1 << 18, 1 << 22, shape).astype(np.int64)
+        c = RNG.integers(36, 45, shape).astype(np.int64)
+        both("IBertGELU", x, b, c, np.uint8(128), clip=clip, coeff=coeff, k=6, qmin=0, qmax=255)
+        both("IBertGELU", x, b, c, np.int16(-5), clip=clip, coeff=coeff, k=0, qmin=-32768, qmax=32767)
+
+
+def test_l1layernorm_rows_and_scalar_params():
+    x = RNG.integers(-128, 127, (16, 192), endpoint=True).astype(np.int8)
+    x[3] = 5  # a constant row: l1 0, clamped to 1
+    x[4] = -128
+    x[4, 7] = 127  # one outlier: |d| = l1 / 2
+    b = RNG.integers(-(1 << 20), 1 << 20, (192,)).astype(np.int64)
+    c = np.full(192, 40, np.int64)
+    bias = RNG.integers(-(1 << 45), 1 << 45, (192,)).astype(np.int64)
+    both("L1LayerNorm", x, b, c, bias, np.int8(0), shift_in=16, p=30, qmin=-128, qmax=127)
+    both("L1LayerNorm", x, b[:1], c[:1], bias[:1], np.uint8(128), shift_in=10, p=20, qmin=0, qmax=255)
+    wide = RNG.integers(-(2**31), 2**31 - 1, (3, 4096), endpoint=True).astype(np.int32)
+    both("L1LayerNorm", wide, b[:1], c[:1], bias[:1], np.int16(0), shift_in=17, p=61, qmin=-32768, qmax=32767)

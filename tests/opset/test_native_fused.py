@@ -1,9 +1,9 @@
 """The library's fused ops and the session-time rewrites that write them, bit-exact against the references.
 
 * :mod:`ivit_onnx.engines.onnxruntime.chain_fold`: a Requantize and the elementwise ops after it
-  (Requantize, ShiftGELU), and optionally the Shiftmax they feed, as ``ai.ivit.fused`` RequantizeTable /
-  RequantizeShiftmax: chains from hypothesis (per-tensor and per-channel heads, 8- and 16-bit
-  intermediates, increasing and decreasing tables, constant rows), the library's output equal to the
+  (Requantize, ShiftGELU, IBertGELU), and optionally the Shiftmax they feed, as ``ai.ivit.fused``
+  RequantizeTable / RequantizeShiftmax: chains from hypothesis (per-tensor and per-channel heads, 8- and
+  16-bit intermediates, increasing and decreasing tables, constant rows), the library's output equal to the
   reference evaluator's on the unfolded graph;
   what it must leave alone; the refusal of a table of the wrong size.
 * :mod:`ivit_onnx.engines.onnxruntime.u8_gemm` with an activation B operand (attention): both operands uint8
@@ -30,7 +30,7 @@ from ivit_onnx.opset import OPS
 from ivit_onnx.opset.functions import attach_functions
 from ivit_onnx.opset.ort_library import native_library, session
 from ivit_onnx.opset.reference import evaluator
-from tests.opset.oneop import shiftgelu_params, shiftmax_params
+from tests.opset.oneop import ibertgelu_params, shiftgelu_params, shiftmax_params
 
 pytestmark = pytest.mark.skipif(native_library() is None, reason="native library not built")
 PROPERTY = settings(
@@ -58,7 +58,7 @@ def chain_model(rng, mid: str, tail: str, per_channel: bool, shape=(2, 3, 37)):
     ]
     last, out_type = "q", dt
     up = int(rng.integers(3, 12)) * (-1 if tail == "decreasing" else 1)
-    if tail in ("gelu", "softmax", "decreasing", "requantize"):  # the converter's upscale before the op
+    if tail in ("gelu", "ibert_gelu", "softmax", "decreasing", "requantize"):  # the converter's upscale
         inits |= {"zq": dt(0), "bu": np.int64(up), "cu": np.int64(0), "z32": np.int32(0)}
         nodes.append(
             OPS["Requantize"].make_node(
@@ -70,6 +70,11 @@ def chain_model(rng, mid: str, tail: str, per_channel: bool, shape=(2, 3, 37)):
         attrs, b, c = shiftgelu_params(1.0 / 300, 0.02, abs(up) * max(-qmin, qmax), 15, -128, 127)
         inits |= {"gb": np.int64(b), "gc": np.int64(c), "gz": np.int8(-3)}
         nodes.append(OPS["ShiftGELU"].make_node([last, "gb", "gc", "gz"], ["y"], name="gelu", **attrs))
+        last, out_type = "y", np.int8
+    elif tail == "ibert_gelu":
+        attrs, b, c = ibertgelu_params(1.0 / 300, 0.02, abs(up) * max(-qmin, qmax), 15, -128, 127)
+        inits |= {"gb": np.int64(b), "gc": np.int64(c), "gz": np.int8(-3)}
+        nodes.append(OPS["IBertGELU"].make_node([last, "gb", "gc", "gz"], ["y"], name="gelu", **attrs))
         last, out_type = "y", np.int8
     elif tail in ("softmax", "decreasing", "softmax_direct"):
         inits["sz"] = np.uint8(0)
@@ -100,7 +105,7 @@ def fused_ops(model: onnx.ModelProto) -> list[str]:
 @given(
     seed=st.integers(0, 2**32 - 1),
     mid=st.sampled_from(sorted(MID)),
-    tail=st.sampled_from(["gelu", "softmax", "decreasing", "softmax_direct", "requantize"]),
+    tail=st.sampled_from(["gelu", "ibert_gelu", "softmax", "decreasing", "softmax_direct", "requantize"]),
     per_channel=st.booleans(),
 )
 def test_folded_chain_equals_the_reference(seed, mid, tail, per_channel):

@@ -53,6 +53,8 @@ def op_dtype_cases():
         yield "Shiftmax", (xt, yt), tb.shiftmax_cases(xt, yt)
         yield "ShiftGELU", (xt, yt), tb.shiftgelu_cases(xt, yt)
         yield "ILayerNorm", (xt, yt), tb.ilayernorm_cases(xt, yt)
+        yield "IBertGELU", (xt, yt), tb.ibertgelu_cases(xt, yt)
+        yield "L1LayerNorm", (xt, yt), tb.l1layernorm_cases(xt, yt)
     for at, bt, yt in itertools.product(INT_DTYPES, repeat=3):
         yield "IAdd", (at, bt, yt), tb.iadd_cases(at, bt, yt)
 
@@ -127,7 +129,7 @@ def run_fresh(lib: str, examples: int, env: dict | None = None, timeout: int = 9
 def assert_all_pairs_pass(summary: dict) -> None:
     assert not summary["failures"], "\n".join(summary["failures"][:20])
     n_cases = sum(1 for _ in op_dtype_cases())
-    assert len(summary["checked"]) == n_cases == 4 * 16 + 64
+    assert len(summary["checked"]) == n_cases == 6 * 16 + 64
     missing = [k for k, n in summary["checked"].items() if n == 0]
     assert not missing, f"no example ran for {missing}"
 
@@ -336,6 +338,31 @@ def test_attribute_refused_at_session_creation(attrs, expected):
 
 
 @needs_library
+@pytest.mark.parametrize(
+    "op,attrs,expected",
+    [
+        ("IBertGELU", {"clip": 50, "coeff": 2800, "k": 63}, "attribute k=63 is outside 0..62"),
+        ("IBertGELU", {"clip": -1, "coeff": 2800, "k": 2}, "attribute clip=-1 is outside"),
+        ("IBertGELU", {"clip": 50, "k": 2}, "missing int attribute 'coeff'"),
+        ("L1LayerNorm", {"shift_in": 8, "p": 62}, "attribute p=62 is outside 0..61"),
+        ("L1LayerNorm", {"shift_in": 63, "p": 30}, "attribute shift_in=63 is outside 0..62"),
+    ],
+)
+def test_ablation_attribute_refused_at_session_creation(op, attrs, expected):
+    i64 = TensorProto.INT64
+    params = [("b", i64, []), ("c", i64, [])] + ([("bias", i64, [])] if op == "L1LayerNorm" else [])
+    model = bare_model(
+        op,
+        [("x", TensorProto.INT8, [2, 5]), *params, ("zy", TensorProto.INT8, [])],
+        {**attrs, "qmin": -128, "qmax": 127},
+        TensorProto.INT8,
+    )
+    with pytest.raises(Exception, match=f"ai.ivit {op} node 'the_node' refused") as info:
+        library_session(model, native_library())
+    assert expected in str(info.value)
+
+
+@needs_library
 def test_shapes_that_do_not_broadcast_fail_the_run_with_a_message():
     i8, i64 = TensorProto.INT8, TensorProto.INT64
     inputs = [
@@ -355,6 +382,34 @@ def test_shapes_that_do_not_broadcast_fail_the_run_with_a_message():
         Exception, match=r"ai.ivit IAdd node 'the_node': input 1 of shape \[4\] does not broadcast"
     ):
         sess.run(None, feeds)
+
+
+def broadcast_cases():
+    """Calls outside the fused kernels' layouts (x broadcast against its parameters, a y_zero_point per
+    column): the library's general broadcast loop."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(-3000, 3000, (3, 1)).astype(np.int32)
+    b = rng.integers(1 << 18, 1 << 22, (5,)).astype(np.int64)
+    c = rng.integers(36, 45, (5,)).astype(np.int64)
+    zy = rng.integers(-5, 5, (5,)).astype(np.int8)
+    gelu = {"qmin": -128, "qmax": 127}
+    yield "ShiftGELU", [x, b, c, zy], {"x0": 300, "n": max_n(300, 1), "bits": 14, **gelu}
+    yield "IBertGELU", [x, b, c, zy], {"clip": 1051, "coeff": 1221607, "k": 6, **gelu}
+    bias = rng.integers(-(1 << 40), 1 << 40, (5,)).astype(np.int64)
+    rows = rng.integers(-128, 128, (3, 4, 1)).astype(np.int8)  # rows of 1, normalized then broadcast to 5
+    for op in ("ILayerNorm", "L1LayerNorm"):
+        yield op, [rows, b, c, bias, zy], {"shift_in": 16, "p": 30, **gelu}
+
+
+@needs_library
+@pytest.mark.parametrize("case", list(broadcast_cases()), ids=lambda c: c[0])
+def test_broadcast_layouts_match_the_reference(case):
+    op, inputs, attrs = case
+    ref = OPS[op].run(*inputs, **attrs)
+    assert ref.shape[-1] == 5 and np.asarray(inputs[0]).shape[-1] == 1
+    model, feeds = one_node_model(OPS[op], inputs, attrs, out_shape=ref.shape)
+    got = library_session(model, native_library()).run(None, feeds)[0]
+    assert got.dtype == ref.dtype and np.array_equal(got, ref)
 
 
 # --------------------------------------------------------------- onnxruntime's pool, concurrent runs
@@ -393,6 +448,13 @@ def big_cases():
     )
     bias = RNG.integers(-(1 << 40), 1 << 40, (192,)).astype(np.int64)
     yield "ILayerNorm", [a, b, c + 20, bias, np.int8(0)], {"shift_in": 16, "p": 30, "qmin": -128, "qmax": 127}
+    ln_attrs = {"shift_in": 16, "p": 30, "qmin": -128, "qmax": 127}
+    yield "L1LayerNorm", [a, b, c + 20, bias, np.int8(0)], ln_attrs
+    yield (
+        "IBertGELU",
+        [x, b, c + 10, np.uint8(0)],
+        {"clip": 2500, "coeff": 7_000_000, "k": 8, "qmin": 0, "qmax": 255},
+    )
 
 
 @needs_library

@@ -13,7 +13,7 @@ from ivit_onnx.opset import DOMAIN, OPS, VERSION
 
 README = Path(__file__).resolve().parents[2] / "opset" / "README.md"
 MODULES = {"Requantize": "requantize", "IAdd": "iadd", "Shiftmax": "shiftmax", "ShiftGELU": "shiftgelu",
-           "ILayerNorm": "ilayernorm"}
+           "ILayerNorm": "ilayernorm", "IBertGELU": "ibertgelu", "L1LayerNorm": "l1layernorm"}
 
 
 def flat(text: str) -> str:

@@ -111,8 +111,36 @@ def ilayernorm(rng, shape):
     return [x, b, c, bias, _scalar(rng, yt)], {"shift_in": shift_in, "p": p, **_qrange(yt)}
 
 
+def ibertgelu(rng, shape):
+    xt, yt = rng.choice(INT_TYPES), rng.choice(INT_TYPES)
+    x = _tensor(rng, shape, xt)
+    clip = int(rng.choice([0, 1, 3, 50, 1051, 25000, 2**20]))
+    coeff = clip * clip + int(rng.integers(0, clip * clip // 4 + 2))
+    k = int(rng.integers(0, coeff.bit_length() + 1))
+    lo, hi, xbits = _info(xt)
+    flat = x.reshape(-1)
+    flat[1 : min(flat.size, 5)] = np.clip([clip - 1, clip, -clip, -clip - 1], lo, hi)[: max(flat.size - 1, 0)]
+    d2 = 2 * ((coeff + (1 << k >> 1)) >> k)  # |x| * 2D * |b| + 2**(c-1) < 2**62
+    b = _mult(rng, (shape[-1],) if rng.random() < 0.5 else (), 2 ** max(60 - xbits - d2.bit_length(), 0))
+    c = np.int64(rng.integers(0, 63))
+    return [x, b, c, _scalar(rng, yt)], {"clip": clip, "coeff": coeff, "k": k, **_qrange(yt)}
+
+
+def l1layernorm(rng, shape):
+    xt, yt = rng.choice(INT_TYPES), rng.choice(INT_TYPES)
+    x = _tensor(rng, shape, xt)
+    ch = shape[-1]
+    xbits = _info(xt)[2]  # |x| <= 2**xbits: C * max|x| * 2**shift_in < 2**61
+    shift_in = int(rng.integers(0, 60 - ch.bit_length() - xbits + 1))
+    p = int(rng.integers(0, 40))
+    b = _mult(rng, (ch,), 2 ** (61 - p - 1))
+    c = rng.integers(0, 63, size=(ch,), dtype=np.int64)
+    bias = _mult(rng, (ch,), 2**60)
+    return [x, b, c, bias, _scalar(rng, yt)], {"shift_in": shift_in, "p": p, **_qrange(yt)}
+
+
 GENERATORS = {"Requantize": requantize, "IAdd": iadd, "Shiftmax": shiftmax, "ShiftGELU": shiftgelu,
-              "ILayerNorm": ilayernorm}
+              "ILayerNorm": ilayernorm, "IBertGELU": ibertgelu, "L1LayerNorm": l1layernorm}
 
 
 def one_node_model(op: str, inputs: list, attrs: dict, opset: int = 17,

@@ -189,22 +189,19 @@ def _fused_names(model, batch_shape: dict) -> list[str]:
     ]
 
 
-def test_digits_model_bitexact_and_fused(tmp_path):
-    """The bundled digits ViT (integer rewrite) through the kernels equals onnxruntime's run of the function
-    bodies on real digits; every Requantize fuses into a neighbour and every ShiftGELU into its GEMM."""
+def digits_through_kernels(tmp_path, **options) -> list[str]:
+    """The bundled digits ViT rewritten with ``options``, through the kernels: asserts it equals onnxruntime's
+    run of the function bodies on real digits; returns the names of the fused functions."""
     import onnxruntime as ort
 
     from ivit_onnx import rewrite
     from ivit_onnx.models.bundled import default_model_path
     from ivit_onnx.opset.functions import attach_functions
 
-    rewrite(default_model_path(), tmp_path / "int.onnx")
+    rewrite(default_model_path(), tmp_path / "int.onnx", **options)
     model = onnx.load(tmp_path / "int.onnx")
     name = model.graph.input[0].name
     shape = [8] + [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[1:]]
-    names = _fused_names(model, {name: shape})
-    assert "ivit_requantize" not in names and not any(n.startswith("ivit_shiftgelu") for n in names)
-    assert any("matmul" in n and "ivit_shiftgelu" in n for n in names), names
     from sklearn.datasets import load_digits
 
     x = (load_digits().images[:8, None] / 16.0).astype(np.float32).reshape(shape)
@@ -214,6 +211,15 @@ def test_digits_model_bitexact_and_fused(tmp_path):
     )
     (expected,) = session.run(None, {name: x})
     np.testing.assert_array_equal(out, expected)
+    return _fused_names(model, {name: shape})
+
+
+def test_digits_model_bitexact_and_fused(tmp_path):
+    """The bundled digits ViT (integer rewrite) through the kernels equals onnxruntime's run of the function
+    bodies on real digits; every Requantize fuses into a neighbour and every ShiftGELU into its GEMM."""
+    names = digits_through_kernels(tmp_path)
+    assert "ivit_requantize" not in names and not any(n.startswith("ivit_shiftgelu") for n in names)
+    assert any("matmul" in n and "ivit_shiftgelu" in n for n in names), names
 
 
 def test_isqrt_stages_exact():
@@ -235,3 +241,65 @@ def test_isqrt_stages_exact():
     out = tvm.runtime.tensor(np.zeros(len(vals), np.int64))
     lib["main"](inp, out)
     np.testing.assert_array_equal(out.numpy(), [math.isqrt(x) for x in vals])
+
+
+# ----------------------------------------------------- the ablation's kernels (IBertGELU, L1LayerNorm)
+
+
+def test_ibertgelu_and_l1layernorm_kernels():
+    """IBertGELU around its clip point, per tensor and per channel; L1LayerNorm on int32 rows of 4096 with a
+    shift_in whose centred values need int64 (sum|d| just below 2**62), and int8 rows at int32 ``d``."""
+    rng = np.random.default_rng(9)
+    gelu = []
+    for xt, clip, per_channel in ((np.int8, 50, False), (np.int32, 1051, True), (np.int16, 25000, False)):
+        x = _extreme(rng, (2, 5, 24), xt)
+        x.reshape(-1)[2:8] = [-1, 0, clip - 1, clip, -clip, -clip - 1]  # each representable in xt
+        mshape = (24,) if per_channel else ()
+        b = rng.integers(-(2**20), 2**20, mshape, dtype=np.int64)
+        attrs = {"clip": clip, "coeff": clip * clip * 11 // 10, "k": 6, "qmin": -128, "qmax": 127}
+        gelu.append(([x, b, np.full(mshape, 40, np.int64), np.int8(3)], attrs))
+    _check("IBertGELU", gelu)
+    ln = []
+    for xt, ch, shift_in in ((np.int32, 4096, 17), (np.int8, 768, 16), (np.uint8, 3, 40)):
+        x = _extreme(rng, (2, ch), xt)
+        b = rng.integers(-(2**29), 2**29, ch, dtype=np.int64)
+        bias = rng.integers(-(2**58), 2**58, ch, dtype=np.int64)
+        attrs = {"shift_in": shift_in, "p": 30, "qmin": -32768, "qmax": 32767}
+        ln.append(([x, b, np.full(ch, 40, np.int64), bias, np.int16(-7)], attrs))
+    _check("L1LayerNorm", ln)
+
+
+def test_digits_ablation_model_bitexact_and_fused(tmp_path):
+    """The digits ViT rewritten with ``--gelu ibert --layernorm l1`` through the kernels equals onnxruntime's
+    run of its function bodies; every IBertGELU fuses into its GEMM, every L1LayerNorm is one row kernel."""
+    names = digits_through_kernels(tmp_path, gelu="ibert", layernorm="l1")
+    assert not any(n.startswith("ivit_ibertgelu") for n in names), names
+    assert any("matmul" in n and "ivit_ibertgelu" in n for n in names), names
+    assert any(n.startswith("ivit_l1layernorm") for n in names), names
+
+
+@pytest.mark.parametrize("arch", ["sm_90"])
+def test_cuda_ablation_kernels(arch):
+    """CUDA source without a GPU: one kernel per L1LayerNorm, IBertGELU elementwise; with nvcc, the PTX has
+    one 64-bit division per L1LayerNorm kernel (the row's reciprocal, outside the element loops) and none in
+    IBertGELU's (its erf polynomial is multiplies)."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(-3000, 3000, (2, 4, 197)).astype(np.int32)
+    gelu = ([x, np.int64(3 << 20), np.int64(44), np.int8(0)],
+            {"clip": 1051, "coeff": 1221607, "k": 6, "qmin": -128, "qmax": 127})
+    b, bias = rng.integers(-(2**29), 2**29, 197, dtype=np.int64), np.zeros(197, np.int64)
+    ln = (
+        [x, b, np.full(197, 40, np.int64), bias, np.int8(0)],
+        {"shift_in": 16, "p": 30, "qmin": -128, "qmax": 127},
+    )
+    for op, case in (("IBertGELU", gelu), ("L1LayerNorm", ln)):
+        art = compile_model(batch_model(op, [case]), target="cuda", arch=arch)
+        (source,) = cuda_sources(art.module)
+        kernels = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(', source))
+        assert kernels == {f"ivit_{op.lower()}_kernel"}, kernels
+        if shutil.which("nvcc") is None:
+            continue
+        div = div64_per_kernel(to_ptx(source, arch))
+        assert div == {f"ivit_{op.lower()}_kernel": int(op == "L1LayerNorm")}, div
+        if op == "L1LayerNorm":
+            assert _division_loops(source, "ivit_l1layernorm_kernel") == []

@@ -14,8 +14,9 @@ normative definition) over every possible value. The library's fused ops (domain
 
 Exact by construction: a table entry is the reference chain applied to that input. Folded: a Requantize
 with constant parameters and at most :data:`MAX_TABLE` outputs, then one consumer at a time (no graph
-outputs, nothing in ``keep``) that is a Requantize or ShiftGELU with constant per-tensor parameters, and
-optionally a Shiftmax (then the first Requantize must be per tensor too). Applied at session time, like
+outputs, nothing in ``keep``) that is a Requantize, ShiftGELU or IBertGELU with constant per-tensor
+parameters, and optionally a Shiftmax (then the first Requantize must be per tensor too). Applied at session
+time, like
 :mod:`.bias_fold`, to the model the library runs; the converted model keeps its ops.
 """
 
@@ -32,7 +33,7 @@ FUSED_DOMAIN = "ai.ivit.fused"
 #: largest table (entries): a 16-bit intermediate at most
 MAX_TABLE = 1 << 16
 #: elementwise private ops a table can absorb: op_type -> indices of their parameter inputs
-ELEMENTWISE = {"Requantize": (1, 2, 3, 4), "ShiftGELU": (1, 2, 3)}
+ELEMENTWISE = {"Requantize": (1, 2, 3, 4), "ShiftGELU": (1, 2, 3), "IBertGELU": (1, 2, 3)}
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, int]:

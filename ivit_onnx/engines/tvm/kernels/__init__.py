@@ -4,10 +4,10 @@ Instead of inlining the ops' int64 function bodies (long elementwise chains: ~12
 DeiT-Tiny, 64-bit divisions per element), ``prepare_for_tvm(keep_ops=KERNEL_OPS)`` leaves the private
 nodes in place and :func:`.frontend.ivit_converters` gives the frontend a converter per op:
 
-- Requantize, IAdd, ShiftGELU (:mod:`.elementwise`): one injective ``te.compute`` each, fused by Relax
-  into the producing GEMM's epilogue or the neighbouring elementwise ops;
-- Shiftmax, ILayerNorm (:mod:`.rows`): one opaque kernel each (a thread block per row on cuda, parallel
-  rows on llvm), scheduled by :func:`.frontend.schedule_row_kernels` right after fusion.
+- Requantize, IAdd, ShiftGELU, IBertGELU (:mod:`.elementwise`): one injective ``te.compute`` each, fused by
+  Relax into the producing GEMM's epilogue or the neighbouring elementwise ops;
+- Shiftmax, ILayerNorm, L1LayerNorm (:mod:`.rows`): one opaque kernel each (a thread block per row on cuda,
+  parallel rows on llvm), scheduled by :func:`.frontend.schedule_row_kernels` right after fusion.
 
 Converters also take a producer into its consumer's kernel where that saves an int32 tensor in memory or a
 launch (:class:`.frontend._Import`: Shiftmax reads its widening Requantize's input, P·V is a uint8 GEMM
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .frontend import ivit_converters, restore_injective, schedule_row_kernels
 
-#: the private ops that have kernels here (all five)
-KERNEL_OPS = ("Requantize", "IAdd", "ShiftGELU", "Shiftmax", "ILayerNorm")
+#: the private ops that have kernels here (the ablation's IBertGELU and L1LayerNorm too)
+KERNEL_OPS = ("Requantize", "IAdd", "ShiftGELU", "Shiftmax", "ILayerNorm", "IBertGELU", "L1LayerNorm")
 
 __all__ = ["KERNEL_OPS", "ivit_converters", "restore_injective", "schedule_row_kernels"]

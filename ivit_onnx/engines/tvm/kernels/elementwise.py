@@ -1,4 +1,5 @@
-"""Requantize, IAdd and ShiftGELU as single-stage ``te.compute`` functions Relax can fuse into neighbours.
+"""Requantize, IAdd, ShiftGELU and IBertGELU as single-stage ``te.compute`` functions Relax can fuse into
+neighbours.
 
 Each op is one injective (elementwise or broadcast) block, so ``AnnotateTIROpPattern`` + ``FuseOps`` +
 ``FuseTIR`` fold it into the producing GEMM's epilogue (MatMulInteger + bias + Requantize) or into the
@@ -109,3 +110,22 @@ def shiftgelu(
         return saturate(round_shift(t, at(c, i, shape)) + wide(at(zy, i, shape)), qmin, qmax, str(zy.dtype))
 
     return te.compute(shape, elem, name="ivit_shiftgelu")
+
+
+def ibert_gelu(x, b, c, zy, *, clip: int, coeff: int, k: int, qmin: int, qmax: int) -> te.Tensor:
+    """``opset.ibertgelu.reference``: the erf polynomial needs no division, so one int64 expression per
+    element (``D = round_shift(coeff, k)`` folded at compile time)."""
+    shape = list(x.shape)
+    half = (1 << k) >> 1
+    d = const((coeff + half) >> k)
+
+    def g(v):  # D -+ round_shift(coeff - max(clip - |v|, 0)**2, k)
+        t = tirx.max(const(clip) - tirx.abs(v), const(0))
+        e = (const(coeff + half) - t * t) >> const(k)
+        return tirx.Select(v < const(0), d - e, d + e)
+
+    def elem(*i):
+        t = let(wide(x[i]), lambda v: v * g(v), "v") * at(b, i, shape)
+        return saturate(round_shift(t, at(c, i, shape)) + wide(at(zy, i, shape)), qmin, qmax, str(zy.dtype))
+
+    return te.compute(shape, elem, name="ivit_ibertgelu")

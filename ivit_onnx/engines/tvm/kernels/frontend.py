@@ -31,6 +31,8 @@ OPAQUE, ELEMWISE = 8, 0
 #: ``AnnotateTIROpPattern`` calls any data-dependent load opaque, :func:`restore_injective` undoes that
 INJECTIVE_ATTR = "ivit.injective"
 _INT_ATTRS = {op: tuple(spec.attributes) for op, spec in OPS.items()}
+#: the row kernels (:mod:`.rows`) by op type
+ROW_KERNELS = {"Shiftmax": rows.shiftmax, "ILayerNorm": rows.ilayernorm, "L1LayerNorm": rows.l1layernorm}
 
 
 def _static_last_dim(expr, op: str) -> int:
@@ -96,6 +98,8 @@ class _Import:
             return bb.emit_te(elementwise.iadd, *inputs, **attrs, primfunc_name_hint=name)
         if op == "ShiftGELU":
             return _emit_shiftgelu(bb, inputs, attrs, name)
+        if op == "IBertGELU":
+            return bb.emit_te(elementwise.ibert_gelu, *inputs, **attrs, primfunc_name_hint=name)
         _static_last_dim(inputs[0], op)
         row_attrs = {rows.KERNEL_ATTR: op, "op_pattern": OPAQUE}
         if op == "Shiftmax" and arith.exp_dtype(attrs["x0"], attrs["n"]) == arith.I32:  # x0 as data
@@ -119,7 +123,7 @@ class _Import:
                 primfunc_name_hint=hint,
                 primfunc_attrs=row_attrs,
             )
-        kernel = rows.shiftmax if op == "Shiftmax" else rows.ilayernorm
+        kernel = ROW_KERNELS[op]
         return bb.emit_te(
             kernel, *inputs, **attrs, **extra, primfunc_name_hint=name, primfunc_attrs=row_attrs
         )
@@ -219,8 +223,8 @@ def _converter_classes(state: _Import) -> dict:
 
 @contextlib.contextmanager
 def ivit_converters(mixed_sign: bool = False):
-    """Within this block, ``from_onnx`` converts ``Requantize``, ``IAdd``, ``ShiftGELU``, ``Shiftmax`` and
-    ``ILayerNorm`` nodes to the kernels of this package, MatMulInteger and Transpose through
+    """Within this block, ``from_onnx`` converts the private ops of ``KERNEL_OPS`` to the kernels of this
+    package, MatMulInteger and Transpose through
     :class:`_Import` (``mixed_sign``: see there; the frontend's table is restored on exit)."""
     from tvm.relax.frontend.onnx import onnx_frontend as fe
 

@@ -1,4 +1,4 @@
-"""Shiftmax and ILayerNorm as one kernel per op: reductions over the row, one division per row.
+"""Shiftmax, ILayerNorm and L1LayerNorm as one kernel per op: reductions over the row, one division per row.
 
 The compute (``te``) is written as stages: row reductions (``max``, ``sum``), per-row scalars (the
 reciprocal ``floor((2**62-1)/sum)``; the mean, ``isqrt`` and ``floor(2**61/r)``), full-size intermediates
@@ -115,22 +115,39 @@ def shiftmax_masked(m, fill, s, *args, mask_value: int | None, **kwargs):
 
 def ilayernorm(x, b, c, bias, zy, *, shift_in: int, p: int, qmin: int, qmax: int) -> te.Tensor:
     """``opset.ilayernorm.reference`` over the last axis (``isqrt`` digit by digit, exact)."""
+    return _layernorm(x, b, c, bias, zy, shift_in, p, qmin, qmax, l1=False)
+
+
+def l1layernorm(x, b, c, bias, zy, *, shift_in: int, p: int, qmin: int, qmax: int) -> te.Tensor:
+    """``opset.l1layernorm.reference`` over the last axis: ILayerNorm's kernel, ``sum|d|`` for the root."""
+    return _layernorm(x, b, c, bias, zy, shift_in, p, qmin, qmax, l1=True)
+
+
+def _layernorm(x, b, c, bias, zy, shift_in: int, p: int, qmin: int, qmax: int, l1: bool) -> te.Tensor:
+    """``u = floor(d * floor(2**61 / norm) / 2**(61 - p))``, then the per-channel rescale; ``norm`` is
+    ``isqrt(max(sum(d*d), 1))`` or (``l1``) ``max(sum(|d|), 1)``."""
     shape, rows, length = list(x.shape), list(x.shape[:-1]), int(x.shape[-1])
     lo, hi = bits_of(x.dtype)
     sum_dt = I32 if max(-lo, hi) * length < 2**31 else I64
+    # |d| < 2**31: ILayerNorm's precondition C * max|d|**2 < 2**62; L1LayerNorm's only bounds C * max|d|
+    d_dt = I32 if not l1 or (2 * max(-lo, hi) + 1) << shift_in < 2**31 else I64
     k = te.reduce_axis((0, length), "k")
     sx = te.compute(rows, lambda *r: te.sum(x[r + (k,)].astype(sum_dt), axis=k), name="row_sum")
     scale_in = const(1 << shift_in)
     mean = te.compute(rows, lambda *r: tirx.floordiv(wide(sx[r]) * scale_in, const(length)), name="row_mean")
 
-    def d(*i):  # |d| < 2**31 by the precondition
-        return (wide(x[i]) * scale_in - mean[_row(i)]).astype(I32)
+    def d(*i):
+        return (wide(x[i]) * scale_in - mean[_row(i)]).astype(d_dt)
 
     k2 = te.reduce_axis((0, length), "k2")
-    var = te.compute(
-        rows, lambda *r: te.sum(let(wide(d(*r, k2)), lambda v: v * v, "d"), axis=k2), name="row_var"
-    )
-    root = isqrt_stages(te.compute(rows, lambda *r: tirx.max(var[r], const(1)), name="row_var1"))
+    if l1:
+        total = te.compute(rows, lambda *r: te.sum(tirx.abs(wide(d(*r, k2))), axis=k2), name="row_l1")
+        root = te.compute(rows, lambda *r: tirx.max(total[r], const(1)), name="row_l1_1")
+    else:
+        var = te.compute(
+            rows, lambda *r: te.sum(let(wide(d(*r, k2)), lambda v: v * v, "d"), axis=k2), name="row_var"
+        )
+        root = isqrt_stages(te.compute(rows, lambda *r: tirx.max(var[r], const(1)), name="row_var1"))
     recip = te.compute(
         rows, lambda *r: tirx.truncdiv(const(1 << 61), root[r]).astype("uint64"), name="row_recip"
     )
@@ -140,7 +157,8 @@ def ilayernorm(x, b, c, bias, zy, *, shift_in: int, p: int, qmin: int, qmax: int
         t = u * at(b, i, shape) + at(bias, i, shape)
         return saturate(round_shift(t, at(c, i, shape)) + wide(at(zy, i, shape)), qmin, qmax, str(zy.dtype))
 
-    return te.compute(shape, out, name="ivit_ilayernorm")
+    name = "ivit_l1layernorm" if l1 else "ivit_ilayernorm"
+    return te.compute(shape, out, name=name)
 
 
 def _threads(length: int, max_threads: int) -> int:
