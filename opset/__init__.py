@@ -7,10 +7,14 @@ definition) and its ONNX function body; :mod:`.functions` attaches the bodies to
 
 from __future__ import annotations
 
-from . import iadd, ilayernorm, requantize, shiftgelu, shiftmax
+from . import iadd, ibert_softmax, ilayernorm, log_int_softmax, requantize, shiftgelu, shiftmax
 from ._spec import DOMAIN, VERSION, OpSpec, Port
 
 #: every op of the opset, by op_type (one explicit list; nothing registers itself on import)
-OPS: dict[str, OpSpec] = {m.SPEC.name: m.SPEC for m in (requantize, iadd, shiftmax, shiftgelu, ilayernorm)}
+OPS: dict[str, OpSpec] = {
+    m.SPEC.name: m.SPEC
+    for m in (requantize, iadd, shiftmax, shiftgelu, ilayernorm)
+    + (ibert_softmax, log_int_softmax)  # the paper's Softmax ablation (Table 2)
+}
 
 __all__ = ["DOMAIN", "OPS", "VERSION", "OpSpec", "Port"]

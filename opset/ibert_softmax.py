@@ -1,0 +1,48 @@
+"""IBertSoftmax (I-BERT Sec. 3.4, the paper's Table 2 ablation): integer softmax over the last axis with
+I-BERT's second-order polynomial exp and one division per row.
+
+For integer ``x`` on a grid where ``x0`` steps make ``ln 2`` (``x0 = round(ln2 / s) >= 1``)::
+
+    d = x - max(x)                                     # <= 0
+    e = poly_exp(d, x0, qb, qc, n)                     # ~ 2**n exp(d s) / (A s**2)
+    y = int_div(e, sum(e), bits) + zy                  # ~ softmax * 2**bits, in [0, 2**bits - 1] + zy
+
+Output scale ``2**-bits``, zero point ``zy``: the output stage of Shiftmax. Preconditions:
+``1 <= x0 <= qb <= 2**30``, ``0 <= qc <= 2**60``, ``0 <= n <= 62``, ``L * (qb**2 + qc) * 2**n < 2**61``
+for rows of ``L`` elements (``max_n(qb**2 + qc, L)``), ``1 <= bits <= 30``, and ``zy + 2**bits - 1`` fits
+the output type. All intermediates are int64; ``e <= (qb**2 + qc) * 2**n`` and ``sum(e) < 2**61``.
+"""
+
+from __future__ import annotations
+
+from . import _int
+from ._body import Body
+from ._spec import INT_IN, QUANT_OUT, Y_ZERO_POINT, OpSpec, Port
+from .poly_exp import POLY_ATTRIBUTES, row_exps, row_exps_body
+from .shift_exp import int_div, int_div_body
+
+
+def reference(x, y_zero_point, *, x0: int, qb: int, qc: int, n: int, bits: int):
+    e, total = row_exps(x, x0, qb, qc, n)
+    y = int_div(e, total, bits) + _int.i64(y_zero_point)
+    return y.astype(y_zero_point.dtype)
+
+
+def body(g: Body) -> None:
+    e, total = row_exps_body(g)
+    y = g.op("Add", int_div_body(g, e, total, g.attr_int("bits")), g.i64("y_zero_point"))
+    g.op("CastLike", y, "y_zero_point", out="y")
+
+
+SPEC = OpSpec(
+    name="IBertSoftmax",
+    doc=__doc__,
+    inputs=(
+        Port("x", INT_IN, "scores (int8 or an int32 accumulator) with scale ln2/x0"),
+        Y_ZERO_POINT,
+    ),
+    output=Port("y", QUANT_OUT, "probabilities, scale 2**-bits"),
+    attributes={**POLY_ATTRIBUTES, "bits": "output fraction bits"},
+    reference=reference,
+    body=body,
+)
