@@ -249,6 +249,8 @@ def layernorm(
 
 #: I-BERT's exp polynomial on (-ln2, 0]: L(p) = A (p + B)**2 + C (Kim et al. 2021, Sec. 3.4)
 IBERT_A, IBERT_B, IBERT_C = 0.3585, 1.353, 0.344
+#: the polynomial-exp softmax ops by ``Options.softmax``
+POLY_SOFTMAX = {"ibert": "IBertSoftmax", "lis": "LogIntSoftmax"}
 #: FQ-ViT's Log-Int-Softmax levels: 2**LIS_LOG_BITS powers of two (4-bit), 0 beyond
 LIS_LOG_BITS = 4
 
