@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .frontend import ivit_converters, restore_injective, schedule_row_kernels
 
-#: the private ops that have kernels here (all five)
-KERNEL_OPS = ("Requantize", "IAdd", "ShiftGELU", "Shiftmax", "ILayerNorm")
+#: the private ops that have kernels here (all of them)
+KERNEL_OPS = ("Requantize", "IAdd", "ShiftGELU", "Shiftmax", "ILayerNorm", "IBertSoftmax", "LogIntSoftmax")
 
 __all__ = ["KERNEL_OPS", "ivit_converters", "restore_injective", "schedule_row_kernels"]
