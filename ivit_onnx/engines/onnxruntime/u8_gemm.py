@@ -37,7 +37,8 @@ ZERO_POINT_OF = {("MatMulInteger", 0): 2, ("MatMulInteger", 1): 3, ("Requantize"
                  ("IAdd", 1): 3}
 GEMMS = {"MatMulInteger"}
 #: producers whose output type is the type of their zero point (input index), and their clip attributes
-PRODUCERS = {"Requantize": 4, "IAdd": 7, "ShiftGELU": 3, "ILayerNorm": 4, "Shiftmax": 1, "QuantizeLinear": 2}
+PRODUCERS = {"Requantize": 4, "IAdd": 7, "ShiftGELU": 3, "ILayerNorm": 4, "Shiftmax": 1, "QuantizeLinear": 2,
+             "IBertSoftmax": 1, "LogIntSoftmax": 1}
 
 
 @dataclass
