@@ -14,6 +14,7 @@ from torch import Tensor
 from ivit_onnx.opset import log_int_softmax as lis
 from ivit_onnx.opset._int import RECIP_M
 from ivit_onnx.opset.ilayernorm import SQRT_STEPS
+from ivit_onnx.opset.poly_exp import norm_shift
 
 I64 = torch.int64
 _POW2 = torch.tensor([1 << k for k in range(63)], dtype=I64)
@@ -90,15 +91,15 @@ def poly_exp(d: Tensor, x0: int, qb: int, qc: int, n: int) -> Tensor:
     return (t * t + qc) << (n - q)
 
 
-def _row_exps(x, x0: int, qb: int, qc: int, n: int) -> tuple[Tensor, Tensor]:
+def _row_exps(x, x0: int, qb: int, qc: int, n: int, k: int = 0) -> tuple[Tensor, Tensor]:
     x = i64(x)
-    e = poly_exp(x - x.amax(dim=-1, keepdim=True), x0, qb, qc, n)
+    e = poly_exp(x - x.amax(dim=-1, keepdim=True), x0, qb, qc, n) >> k
     return e, _row_sum(e)
 
 
 def ibert_softmax(x, y_zero_point, *, x0: int, qb: int, qc: int, n: int, bits: int) -> Tensor:
     """Integer softmax with I-BERT's polynomial exp (opset ``IBertSoftmax``)."""
-    e, total = _row_exps(x, x0, qb, qc, n)
+    e, total = _row_exps(x, x0, qb, qc, n, norm_shift(qb, qc, n))
     return (int_div(e, total, bits) + i64(y_zero_point)).to(y_zero_point.dtype)
 
 

@@ -47,10 +47,17 @@ def poly_exp(d, x0: int, qb: int, qc: int, n: int) -> np.ndarray:
     return (t * t + qc) * _int.pow2(n - q)
 
 
-def row_exps(x, x0: int, qb: int, qc: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(e, sum(e))`` over the last axis, ``e = poly_exp(x - max(x))``: what both softmaxes start with."""
+def norm_shift(qb: int, qc: int, n: int) -> int:
+    """``k = max(n + bits(qb**2 + qc) - 31, 0)``: ``poly_exp >> k`` is below ``2**31`` (IBertSoftmax's
+    normalization before its division; ``bits(v)`` is the bit length of ``v``)."""
+    return max(n + top(qb, qc).bit_length() - 31, 0)
+
+
+def row_exps(x, x0: int, qb: int, qc: int, n: int, k: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(e, sum(e))`` over the last axis, ``e = floor(poly_exp(x - max(x)) / 2**k)``: what both softmaxes
+    start with (LogIntSoftmax with ``k = 0``)."""
     x = _int.i64(x)
-    e = poly_exp(x - _int.reduce_max(x), x0, qb, qc, n)
+    e = poly_exp(x - _int.reduce_max(x), x0, qb, qc, n) >> np.int64(k)
     return e, _int.reduce_sum(e)
 
 
@@ -62,9 +69,15 @@ def poly_exp_body(g: Body, d: str, x0: str, qb: str, qc: str, n: str) -> str:
     return g.op("Mul", g.op("Add", g.op("Mul", t, t), qc), g.pow2(g.op("Sub", n, q)))
 
 
-def row_exps_body(g: Body) -> tuple[str, str]:
-    """Body twin of :func:`row_exps` on the function's input ``x`` and attributes ``x0, qb, qc, n``."""
+def row_exps_body(g: Body, normalized: bool = False) -> tuple[str, str]:
+    """Body twin of :func:`row_exps` on the function's input ``x`` and attributes ``x0, qb, qc, n``;
+    ``normalized``: ``k = norm_shift(qb, qc, n)``, else 0."""
     x = g.i64("x")
-    params = (g.attr_int(k) for k in ("x0", "qb", "qc", "n"))
-    e = poly_exp_body(g, g.op("Sub", x, g.reduce_max(x)), *params)
+    x0, qb, qc, n = (g.attr_int(k) for k in ("x0", "qb", "qc", "n"))
+    e = poly_exp_body(g, g.op("Sub", x, g.reduce_max(x)), x0, qb, qc, n)
+    if normalized:  # bits(top) = #{j in 0..62: top >= 2**j}
+        powers = g.const([1 << j for j in range(63)])
+        length = g.reduce_sum(g.i64(g.op("GreaterOrEqual", g.op("Add", g.op("Mul", qb, qb), qc), powers)))
+        k = g.maximum(g.op("Sub", g.op("Add", n, length), g.const(31)), g.const(0))
+        e = g.shift_nonneg(e, k)
     return e, g.reduce_sum_exact(e)

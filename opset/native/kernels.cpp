@@ -851,12 +851,12 @@ int ivit_ilayernorm(const void* x, int ti, i64 rows, i64 len, const i64* b, cons
   }) ? 0 : 1;
 }
 
-// IBertSoftmax over rows of `len`: y = int_div(poly_exp(x - max), sum, bits) + zy (no clip); attributes as
-// poly_exp_refusal accepts, 0 <= bits <= 62.
+// IBertSoftmax over rows of `len`: y = int_div(e, sum(e), bits) + zy (no clip), e = poly_exp(x - max) >> k with
+// k = norm_shift(qb, qc, n); attributes as poly_exp_refusal accepts, 0 <= bits <= 62.
 int ivit_ibert_softmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x0, i64 qb, i64 qc, i64 n, i64 bits,
                        void* y, int to, int threads) {
   const i64 sh = 62 - bits;
-  return poly_softmax_rows(x, ti, rows, len, PolyExp(x0, qb, qc, n), y, to, threads,
+  return poly_softmax_rows(x, ti, rows, len, PolyExp(x0, qb, qc, n, norm_shift(qb, qc, n)), y, to, threads,
                            [&](const i64* e, i64 sum, auto* yr) {
                              softmax_out(e, yr, len, floor_div(RECIP_M, sum), sh, zy);
                            });

@@ -19,21 +19,27 @@ inline const char* poly_exp_refusal(i64 x0, i64 qb, i64 qc, i64 n) {
   return nullptr;
 }
 
-// poly_exp(-a) = ((qb - r)**2 + qc) * 2**(n - q) for a >= 0: a clamped at n*x0, q = floor(a / x0), r = a - q*x0.
-// For attributes poly_exp_refusal accepts, n*x0 < 2**36: the quotient comes from a double product, exactly,
-// and nothing branches (loops over it vectorize).
+// floor(poly_exp(-a) / 2**k) with poly_exp(-a) = ((qb - r)**2 + qc) * 2**(n - q) for a >= 0: a clamped at n*x0,
+// q = floor(a / x0), r = a - q*x0. For attributes poly_exp_refusal accepts, n*x0 < 2**36: the quotient comes
+// from a double product, exactly, and nothing branches (loops over it vectorize).
 struct PolyExp {
-  i64 x0, qb, qc, n, nx0;
+  i64 x0, qb, qc, n, k, nx0;
   double inv_x0;
-  PolyExp(i64 x0_, i64 qb_, i64 qc_, i64 n_)
-      : x0(x0_), qb(qb_), qc(qc_), n(n_), nx0(n_ * x0_), inv_x0(1.0 / static_cast<double>(x0_)) {}
+  PolyExp(i64 x0_, i64 qb_, i64 qc_, i64 n_, i64 k_ = 0)
+      : x0(x0_), qb(qb_), qc(qc_), n(n_), k(k_), nx0(n_ * x0_), inv_x0(1.0 / static_cast<double>(x0_)) {}
   i64 operator()(i64 a) const {
     const i64 c = std::min(a, nx0);
     const i64 q = floor_div_small(c, x0, inv_x0);
     const i64 t = qb - (c - q * x0);
-    return (t * t + qc) << (n - q);
+    return ((t * t + qc) << (n - q)) >> k;
   }
 };
+
+// IBertSoftmax's k = max(n + bits(qb**2 + qc) - 31, 0) (opset/poly_exp.py norm_shift; qb**2 + qc >= 1)
+inline i64 norm_shift(i64 qb, i64 qc, i64 n) {
+  const i64 length = 64 - __builtin_clzll(static_cast<unsigned long long>(qb * qb + qc));
+  return std::max<i64>(n + length - 31, 0);
+}
 
 // LogIntSoftmax's levels (opset/log_int_softmax.py): K = min(2**log_bits, bits + 1), and the divisors
 // D_1 = 3, D_k = 3 * 2**(k-1) - 1 of its per-row thresholds floor(2 S / D_k).

@@ -66,9 +66,10 @@ def zero_reason(
         return sp.bits, f"Shiftmax n={sp.n}, x0={sp.x0}, bits={sp.bits} cannot give masked entries 0"
     op = qparams.POLY_SOFTMAX[softmax]
     pp = qparams.poly_softmax(t, row, target, min_x0)
-    # IBertSoftmax: a clamped exp is 2**-n of the maximum's, 0 once n >= bits; LogIntSoftmax: past every one
-    # of its K thresholds once n >= K. The grid's rescale moves a gap g to at most g m / 2**c + 1 below.
-    need = lis.levels(pp.bits, qparams.LIS_LOG_BITS) if op == "LogIntSoftmax" else pp.bits
+    # IBertSoftmax: a clamped exp is about 2**-n of the maximum's, 0 once n >= bits + 1 (after the shift by
+    # k); LogIntSoftmax: past every one of its K thresholds once n >= K. The grid's rescale moves a gap g to
+    # at most g m / 2**c + 1 below.
+    need = lis.levels(pp.bits, qparams.LIS_LOG_BITS) if op == "LogIntSoftmax" else pp.bits + 1
     if need <= pp.n and gap * pp.grid.m >= (pp.n * pp.x0 + 1) << pp.grid.c:
         return pp.bits, None
     return pp.bits, f"{op} n={pp.n}, x0={pp.x0}, bits={pp.bits} cannot give masked entries 0"

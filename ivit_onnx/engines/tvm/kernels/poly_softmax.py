@@ -9,30 +9,30 @@ from __future__ import annotations
 from tvm import te, tirx
 
 from ivit_onnx.opset import log_int_softmax as lis
+from ivit_onnx.opset.poly_exp import norm_shift
 
 from .arith import I32, I64, at, const, let, wide
 from .rows import _row, int_softmax, output_row_sum, row_exps
 
 
-def poly_exp(d: tirx.PrimExpr, x0: int, qb: int, qc: int, n: int) -> tirx.PrimExpr:
-    """``opset.poly_exp.poly_exp`` of int64 ``d <= 0``, as int64."""
+def poly_exp(d: tirx.PrimExpr, x0: int, qb: int, qc: int, n: int, k: int = 0) -> tirx.PrimExpr:
+    """``opset.poly_exp.poly_exp`` of int64 ``d <= 0`` shifted right by ``k`` (``row_exps``'s), as int64."""
+
+    def from_q(a, q):
+        t = const(qb) - (a - q * const(x0))
+        return let(t, lambda t: ((t * t + const(qc)) << (const(n) - q)) >> const(k), "t")
 
     def from_a(a):
-        return let(
-            tirx.truncdiv(a, const(x0)),  # a >= 0
-            lambda q: let(
-                const(qb) - (a - q * const(x0)), lambda t: (t * t + const(qc)) << (const(n) - q), "t"
-            ),
-            "q",
-        )
+        return let(tirx.truncdiv(a, const(x0)), lambda q: from_q(a, q), "q")  # a >= 0
 
     return let(tirx.min(-wide(d), const(n * x0)), from_a, "a")
 
 
 def ibert_softmax(x, zy, *, x0: int, qb: int, qc: int, n: int, bits: int, row_sum: bool = False):
     """``opset.ibert_softmax.reference`` over the last axis (``row_sum``: :func:`.rows.int_softmax`)."""
+    k = norm_shift(qb, qc, n)
     return int_softmax(
-        x, zy, lambda d: poly_exp(d, x0, qb, qc, n), bits=bits, row_sum=row_sum, name="ivit_ibertsoftmax"
+        x, zy, lambda d: poly_exp(d, x0, qb, qc, n, k), bits=bits, row_sum=row_sum, name="ivit_ibertsoftmax"
     )
 
 
