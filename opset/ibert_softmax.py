@@ -1,7 +1,7 @@
 """IBertSoftmax (I-BERT Sec. 3.4, the paper's Table 2 ablation): integer softmax over the last axis with
 I-BERT's second-order polynomial exp and one division per row.
 
-For integer ``x`` on a grid where ``x0`` steps make ``ln 2`` (``x0 = round(ln2 / s) >= 1``)::
+For integer ``x`` on a grid where ``x0`` steps make ``ln 2`` (``x0 = round(ln2/s) >= 1``)::
 
     d = x - max(x)                                     # <= 0
     k = max(n + bits(qb**2 + qc) - 31, 0)              # bits(v): the bit length of v
@@ -14,7 +14,7 @@ polynomial's ``qb**2 + qc ~ 5.8 x0**2`` would otherwise leave ``S`` near ``2**60
 instead: exps past ``n ln2`` clamp to ``2**-n`` of the largest, which rows of thousands add up).
 
 Output scale ``2**-bits``, zero point ``zy``: the output stage of Shiftmax. Preconditions:
-``1 <= x0 <= qb <= 2**30``, ``0 <= qc <= 2**60``, ``0 <= n <= 62``, ``L * (qb**2 + qc) * 2**n < 2**61``
+``1 <= x0 <= qb <= 2**30``, ``0 <= qc <= 2**60``, ``0 <= n <= 60``, ``L * (qb**2 + qc) * 2**n < 2**61``
 for rows of ``L`` elements (``max_n(qb**2 + qc, L)``), ``1 <= bits <= 30``, and ``zy + 2**bits - 1`` fits
 the output type. All intermediates are int64; ``poly_exp <= (qb**2 + qc) * 2**n < 2**61``, ``e < 2**31`` and
 ``sum(e) < 2**61``.

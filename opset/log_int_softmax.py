@@ -1,4 +1,4 @@
-"""LogIntSoftmax (FQ-ViT's Log-Int-Softmax, Lin et al. 2022, Sec. 4.2, the paper's Table 2 ablation):
+"""LogIntSoftmax (FQ-ViT's Log-Int-Softmax, Lin et al., IJCAI 2022; the paper's Table 2 ablation):
 I-BERT's polynomial exp, then the probability quantized to a power of two, round to nearest in log2.
 
 For integer ``x`` on the ``ln 2`` grid of IBertSoftmax (same ``x0, qb, qc, n``)::

@@ -6,8 +6,8 @@ and body twins.
 normalization cancels::
 
     a = min(-d, n*x0)                       # clamp: arguments below -n ln2 count as -n ln2
-    q = floor(a / x0);  r = a - q*x0        # d ln2/x0 = -q ln2 + p, p = -r ln2/x0 in (-ln2, 0]
-    e = ((qb - r)**2 + qc) * 2**(n - q)     # L(p) = A (p + B)**2 + C on the grid, times 2**-q by a shift
+    q = floor(a / x0);  r = a - q*x0        # d s = -q ln2 - r s, 0 <= r < x0
+    e = ((qb - r)**2 + qc) * 2**(n - q)     # L(-r s) / (A s**2) * 2**(n - q), L(p) = A (p + B)**2 + C
 
 with I-BERT's ``L(p) = 0.3585 (p + 1.353)**2 + 0.344``: ``qb ~ B / s`` and ``qc ~ C / (A s**2)`` (the
 converter rounds them, ``ivit_onnx.qparams.poly_coefficients``). Where I-BERT's released kernel keeps
