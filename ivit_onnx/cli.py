@@ -105,8 +105,8 @@ def _add_rewrite(sub) -> None:
         ("gelu_bits", "fraction bits of ShiftGELU's sigmoid"),
         (
             "min_x0",
-            "finest exp grid for Shiftmax/ShiftGELU: inputs whose 1/scale is below this are upscaled "
-            "exactly first",
+            "finest exp grid for Shiftmax/ShiftGELU (and the ln 2 grid of --softmax ibert|lis, kept below "
+            "twice it): inputs whose 1/scale is below this are upscaled exactly first",
         ),
         ("ln_fraction_bits", "ILayerNorm's output fraction bits p"),
         ("max_row", "row length assumed for Shiftmax's overflow proof when the shape is dynamic"),

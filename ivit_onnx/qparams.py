@@ -276,10 +276,10 @@ class Regrid:
 def poly_grid(a: Affine, min_x0: int) -> Regrid:
     """The ``ln 2`` grid ``x0`` of a polynomial exp, kept in ``[min_x0, 2 min_x0]`` where the input allows.
 
-    Coarser than ``1/min_x0`` is upscaled exactly like Shiftmax's input; finer than ``2 min_x0`` (int32
-    accumulators with tiny scales) is shifted down by ``2**c``, rounding half up: the polynomial's
-    ``top ~ 5.8 x0**2`` enters the overflow bound squared, so a finer grid would cost exp shift bits ``n``
-    (precision of the smallest exps), not gain any."""
+    A grid coarser than ``min_x0`` steps per ``ln 2`` is upscaled exactly like Shiftmax's input; one finer
+    than ``2 min_x0`` (int32 accumulators with tiny scales) is shifted down by ``2**c``, rounding half up:
+    the polynomial's ``top ~ 5.8 x0**2`` grows with the square of the grid, so a finer one would only cost
+    exp shift bits ``n`` (the clamp of the smallest exps), not gain precision."""
     x0_real = math.log(2) / float(a.scale)
     if x0_real <= 2 * min_x0:
         up = fine_grid(a, x0_real, min_x0)
