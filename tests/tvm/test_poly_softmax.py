@@ -74,8 +74,8 @@ def test_cuda_one_kernel_divisions_per_row(op):
 
 @pytest.mark.parametrize("softmax", sorted(qparams.POLY_SOFTMAX))
 def test_digits_model_bitexact(softmax):
-    """The bundled digits ViT rewritten with ``--softmax ibert|lis`` through the kernels equals onnxruntime's run
-    of its function bodies on real digits."""
+    """The bundled digits ViT rewritten with ``--softmax ibert|lis``, through the kernels, equals onnxruntime's
+    run of its function bodies on real digits."""
     import onnxruntime as ort
 
     from ivit_onnx import rewrite
@@ -89,5 +89,7 @@ def test_digits_model_bitexact(softmax):
     shape = [8] + [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[1:]]
     x = (load_digits().images[:8, None] / 16.0).astype(np.float32).reshape(shape)
     (out,) = compile_model(model, shape={name: shape}).run({name: x})
-    bodies = ort.InferenceSession(attach_functions(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    bodies = ort.InferenceSession(
+        attach_functions(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     np.testing.assert_array_equal(out, bodies.run(None, {name: x})[0])
