@@ -74,8 +74,8 @@ def test_cuda_one_kernel_divisions_per_row(op):
 
 @pytest.mark.parametrize("softmax", sorted(qparams.POLY_SOFTMAX))
 def test_digits_model_bitexact(softmax):
-    """The bundled digits ViT rewritten with ``--softmax ibert|lis``, through the kernels, equals onnxruntime's
-    run of its function bodies on real digits."""
+    """The bundled digits ViT rewritten with ``--softmax ibert|lis``, through the kernels, equals the
+    function bodies in onnxruntime on real digits."""
     import onnxruntime as ort
 
     from ivit_onnx import rewrite
