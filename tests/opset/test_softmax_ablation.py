@@ -6,8 +6,14 @@ outside the kernels' range at session creation, naming the node."""
 
 from __future__ import annotations
 
+import json
 import math
+import platform
+import shutil
+import subprocess
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,3 +166,38 @@ def test_attribute_refused_at_session_creation(op, change, expected):
         library_session(model, native_library())
     assert expected in str(info.value)
 
+
+
+EMULATED = """
+import json, numpy as np
+from ivit_onnx.opset import OPS, native_kernels
+from tests.opset.test_softmax_ablation import attrs_of
+rng, bad = np.random.default_rng(3), []
+for op in ("IBertSoftmax", "LogIntSoftmax"):
+    for x0, span in ((37, 64), (1024, 3000), (2048, 200000), (1 << 20, 1 << 30)):  # tables, then direct exps
+        x = rng.integers(-span // 2, span // 2, (80, 197), endpoint=True).astype(np.int32)
+        x[:, 0] = span // 2
+        for yt, zy in ((np.uint8, 0), (np.int8, -128), (np.int32, 5)):
+            attrs = attrs_of(op, x0, 197)
+            got = native_kernels.KERNELS[op](x, yt(zy), **attrs)
+            if got is None or not np.array_equal(got, OPS[op].reference(x, yt(zy), **attrs)):
+                bad.append([op, x0, span, np.dtype(yt).name])
+print(json.dumps({"avx2_only": native_kernels._LIB.ivit_rescale_avx2(), "bad": bad}))
+"""
+
+
+@needs_native
+@pytest.mark.skipif(
+    shutil.which("qemu-x86_64") is None or platform.machine() != "x86_64",
+    reason="needs qemu-x86_64 (apt-get install qemu-user) on an x86-64 host",
+)
+def test_native_kernels_exact_on_an_emulated_avx2_cpu():
+    """The compiled loops run their AVX2 clones (target_clones' x86-64-v3) on an emulated Haswell (AVX2, no
+    AVX-512): equal to the references there too."""
+    run = subprocess.run(
+        ["qemu-x86_64", "-cpu", "Haswell", sys.executable, "-c", EMULATED],
+        capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2],
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result == {"avx2_only": 1, "bad": []}
