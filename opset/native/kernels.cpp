@@ -354,8 +354,9 @@ IVIT_CLONES void min_max(const T* __restrict x, i64 n, i64& lo, i64& hi) {
 }
 
 // Entries of a table over a = 0..span (span: the largest a looked up; past the clamp point every a reads
-// the last entry), or 0 for "evaluate directly" (too big, or not paid for by `uses` lookups).
-inline i64 table_size(const Exp& exp, i64 span, i64 uses) {
+// the last entry), or 0 for "evaluate directly" (too big, or not paid for by `uses` lookups). E: Exp or PolyExp.
+template <class E>
+inline i64 table_size(const E& exp, i64 span, i64 uses) {
   const i64 size = std::min(std::max<i64>(span, 0), exp.clamp_point()) + 1;
   return (size <= LUT_MAX && size * 4 <= uses) ? size : 0;
 }
@@ -620,10 +621,9 @@ int poly_softmax_rows(const void* x, int ti, i64 rows, i64 len, const PolyExp& e
     const TI* xs = as<TI>(x);
     i64 lo, hi;
     min_max(xs, rows * len, lo, hi);
-    const i64 size = std::min(hi - lo, exp.nx0) + 1;
-    const bool tabled = size <= LUT_MAX && size * 4 <= rows * len;
-    std::vector<i64> table(tabled ? size : 0);
-    for (i64 a = 0; a < static_cast<i64>(table.size()); ++a) table[a] = exp(a);
+    const i64 size = table_size(exp, hi - lo, rows * len);
+    std::vector<i64> table(size);
+    for (i64 a = 0; a < size; ++a) table[a] = exp(a);
     const i64* lut = table.data();
     parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 r0, i64 r1) {
       std::vector<i64> e(len);
@@ -632,8 +632,8 @@ int poly_softmax_rows(const void* x, int ti, i64 rows, i64 len, const PolyExp& e
         i64 mx = xr[0];
         for (i64 j = 1; j < len; ++j) mx = std::max<i64>(mx, xr[j]);
         auto from_table = [lut, size](i64 a) { return lut[std::min(a, size - 1)]; };
-        const i64 sum = tabled ? softmax_exps(xr, e.data(), len, mx, from_table)
-                               : softmax_exps(xr, e.data(), len, mx, [exp](i64 a) { return exp(a); });
+        const i64 sum = size ? softmax_exps(xr, e.data(), len, mx, from_table)
+                             : softmax_exps(xr, e.data(), len, mx, [exp](i64 a) { return exp(a); });
         out(e.data(), sum, static_cast<TO*>(y) + r * len);
       }
     });

@@ -33,6 +33,7 @@ struct PolyExp {
     const i64 t = qb - (c - q * x0);
     return ((t * t + qc) << (n - q)) >> k;
   }
+  i64 clamp_point() const { return nx0; }  // every a from here on gives the same value
 };
 
 // IBertSoftmax's k = max(n + bits(qb**2 + qc) - 31, 0) (opset/poly_exp.py norm_shift; qb**2 + qc >= 1)
