@@ -93,3 +93,15 @@ def test_digits_model_bitexact(softmax):
         attach_functions(model).SerializeToString(), providers=["CPUExecutionProvider"]
     )
     np.testing.assert_array_equal(out, bodies.run(None, {name: x})[0])
+
+
+@pytest.mark.parametrize("op", sorted(OPS_BY_KERNEL))
+def test_inlined_bodies_bitexact_on_llvm(op):
+    """``compile_model(kernels=False)``: the function bodies, inlined, through TVM's own ONNX converters."""
+    from _tvm_cases import GENERATORS, batch_feeds, batch_model
+
+    rng = np.random.default_rng(1)
+    cases = [GENERATORS[op](rng, shape) for shape in [(3,), (2, 7), (2, 3, 16), (1, 2, 197)]]
+    outs = compile_model(batch_model(op, cases), kernels=False).run(batch_feeds(cases))
+    for (inputs, attrs), out in zip(cases, outs, strict=True):
+        np.testing.assert_array_equal(out, OPS[op].run(*inputs, **attrs), err_msg=f"{op} {attrs}")
