@@ -114,8 +114,8 @@ def _add_rewrite(sub) -> None:
         ("gelu_bits", "fraction bits of ShiftGELU's sigmoid (IBertGELU's Phi)"),
         (
             "min_x0",
-            "finest exp grid for Shiftmax/ShiftGELU (IBertGELU: erf's clip point): inputs whose 1/scale "
-            "is below this are upscaled exactly first",
+            "finest exp grid for Shiftmax/ShiftGELU (IBertGELU: erf's clip point; the ln 2 grid of --softmax "
+            "ibert|lis, kept below twice it): inputs whose 1/scale is below this are upscaled exactly first",
         ),
         ("ln_fraction_bits", "ILayerNorm's (L1LayerNorm's) output fraction bits p"),
         ("max_row", "row length assumed for Shiftmax's overflow proof when the shape is dynamic"),

@@ -310,3 +310,78 @@ def _layernorm(
         b[sel], c[sel] = dy(mult[sel], int(w), "LayerNorm gamma multiplier", allow_negative=True)
     bias = np.rint(np.ldexp(shifted_beta, c)).astype(np.int64)
     return LayerNormParams(pre, shift_in, p, b, c, bias, t)
+
+
+# ---- the Softmax ablation (the paper's Table 2): I-BERT's polynomial exp, FQ-ViT's Log-Int-Softmax --------
+
+#: I-BERT's exp polynomial on (-ln2, 0]: L(p) = A (p + B)**2 + C (Kim et al. 2021, Sec. 3.4)
+IBERT_A, IBERT_B, IBERT_C = 0.3585, 1.353, 0.344
+#: the polynomial-exp softmax ops by ``Options.softmax``
+POLY_SOFTMAX = {"ibert": "IBertSoftmax", "lis": "LogIntSoftmax"}
+#: FQ-ViT's Log-Int-Softmax levels: 2**LIS_LOG_BITS powers of two (4-bit), 0 beyond
+LIS_LOG_BITS = 4
+
+
+def poly_coefficients(x0: int) -> tuple[int, int]:
+    """``(qb, qc)`` of I-BERT's polynomial on the grid ``s = ln2 / x0``: ``round(B/s)``,
+    ``round(C/(A s**2))``."""
+    steps = x0 / math.log(2)
+    return int(round(IBERT_B * steps)), int(round(IBERT_C / IBERT_A * steps * steps))
+
+
+@dataclass(frozen=True)
+class Regrid:
+    """The input's rescale before a polynomial exp, ``round_shift((q - zp) * m, c)`` (Requantize): an exact
+    upscale (``c == 0``, :func:`fine_grid`), a power-of-two downscale (``m == 1``), or none (both 1 and 0)."""
+
+    m: int
+    c: int
+    a: Affine  #: the type after it
+    x0_real: float  #: the ln 2 grid on it
+
+
+def poly_grid(a: Affine, min_x0: int) -> Regrid:
+    """The ``ln 2`` grid ``x0`` of a polynomial exp, kept in ``[min_x0, 2 min_x0]`` where the input allows.
+
+    A grid coarser than ``min_x0`` steps per ``ln 2`` is upscaled exactly like Shiftmax's input; one finer
+    than ``2 min_x0`` (int32 accumulators with tiny scales) is shifted down by ``2**c``, rounding half up:
+    the polynomial's ``top ~ 5.8 x0**2`` grows with the square of the grid, so a finer one would only cost
+    exp shift bits ``n`` (the clamp of the smallest exps), not gain precision."""
+    x0_real = math.log(2) / float(a.scale)
+    if x0_real <= 2 * min_x0:
+        up = fine_grid(a, x0_real, min_x0)
+        return Regrid(up.m, 0, up.a, up.x0_real)
+    c = math.ceil(math.log2(x0_real / (2 * min_x0)))
+    t = Affine(a.scale * 2.0**c, 0, np.int32, bound=(a.bound >> c) + 1)
+    return Regrid(1, c, t, x0_real / 2**c)
+
+
+@dataclass(frozen=True)
+class PolySoftmaxParams:
+    """IBertSoftmax / LogIntSoftmax parameters (``log_bits`` is LogIntSoftmax's only)."""
+
+    grid: Regrid
+    x0: int
+    qb: int
+    qc: int
+    n: int
+    bits: int
+    t: Affine  #: output type
+
+    def attrs(self, op: str) -> dict[str, int]:
+        """The node attributes of ``op`` (``IBertSoftmax`` or ``LogIntSoftmax``)."""
+        extra = {"log_bits": LIS_LOG_BITS} if op == "LogIntSoftmax" else {}
+        return {"x0": self.x0, "qb": self.qb, "qc": self.qc, "n": self.n, "bits": self.bits, **extra}
+
+
+def poly_softmax(a: Affine, row: int, target: Affine | None, min_x0: int) -> PolySoftmaxParams:
+    """A polynomial-exp softmax of a per-tensor ``a`` in rows of ``row``, written at the target's ``2**-bits``
+    if it can (else 16 bits into int32, as Shiftmax)."""
+    grid = poly_grid(a, min_x0)
+    x0 = max(1, int(round(grid.x0_real)))
+    qb, qc = poly_coefficients(x0)
+    bits = _pow2_bits(target)
+    if bits is None:
+        bits = SOFTMAX_DEFAULT_BITS
+        target = Affine(np.float64(2.0**-bits), 0, np.int32, bound=2**bits)
+    return PolySoftmaxParams(grid, x0, qb, qc, max_n(qb * qb + qc, row), bits, target)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ivit_onnx.opset import log_int_softmax as lis
 from ivit_onnx.opset._int import RECIP_M
 from ivit_onnx.opset.ilayernorm import SQRT_STEPS
+from ivit_onnx.opset.poly_exp import norm_shift
 
 I64 = torch.int64
 _POW2 = torch.tensor([1 << k for k in range(63)], dtype=I64)
@@ -79,6 +81,37 @@ def shiftmax(x, y_zero_point, *, x0: int, n: int, bits: int) -> Tensor:
     x = i64(x)
     e = shift_exp(x - x.amax(dim=-1, keepdim=True), x0, n)
     return (int_div(e, _row_sum(e), bits) + i64(y_zero_point)).to(y_zero_point.dtype)
+
+
+def poly_exp(d: Tensor, x0: int, qb: int, qc: int, n: int) -> Tensor:
+    """I-BERT's polynomial exp of ``d <= 0``: ``((qb - r)**2 + qc) << (n - q)`` (opset ``PolyExp``)."""
+    a = torch.clamp(-d, max=n * x0)
+    q = floor_div(a, x0)
+    t = qb - (a - q * x0)
+    return (t * t + qc) << (n - q)
+
+
+def _row_exps(x, x0: int, qb: int, qc: int, n: int, k: int = 0) -> tuple[Tensor, Tensor]:
+    x = i64(x)
+    e = poly_exp(x - x.amax(dim=-1, keepdim=True), x0, qb, qc, n) >> k
+    return e, _row_sum(e)
+
+
+def ibert_softmax(x, y_zero_point, *, x0: int, qb: int, qc: int, n: int, bits: int) -> Tensor:
+    """Integer softmax with I-BERT's polynomial exp (opset ``IBertSoftmax``)."""
+    e, total = _row_exps(x, x0, qb, qc, n, norm_shift(qb, qc, n))
+    return (int_div(e, total, bits) + i64(y_zero_point)).to(y_zero_point.dtype)
+
+
+def log_int_softmax(
+    x, y_zero_point, *, x0: int, qb: int, qc: int, n: int, bits: int, log_bits: int
+) -> Tensor:
+    """FQ-ViT's Log-Int-Softmax on the ``2**-bits`` grid (opset ``LogIntSoftmax``)."""
+    e, total = _row_exps(x, x0, qb, qc, n)
+    k = lis.levels(bits, log_bits)
+    q = sum((e <= floor_div(2 * total, d)).to(I64) for d in lis.divisors(k))
+    values = torch.from_numpy(lis.level_values(bits, k))
+    return (values[q] + i64(y_zero_point)).to(y_zero_point.dtype)
 
 
 def shiftgelu(
@@ -155,6 +188,8 @@ KERNELS = {
     "ILayerNorm": ilayernorm,
     "IBertGELU": ibertgelu,
     "L1LayerNorm": l1layernorm,
+    "IBertSoftmax": ibert_softmax,
+    "LogIntSoftmax": log_int_softmax,
 }
 
 

@@ -114,11 +114,15 @@ def _rescale(q: Tensor, a: Affine, t: Affine) -> Tensor:
 
 
 def _upscale(q: Tensor, a: Affine, up: qparams.Upscale) -> Tensor:
-    if up.m == 1:
+    return _rescale_by(q, a, up.m, 0, up.a)
+
+
+def _rescale_by(q: Tensor, a: Affine, m: int, c: int, t: Affine) -> Tensor:
+    """The Requantize ``round_shift((q - zp) * m, c)`` into int32 ``t`` (none when ``(m, c) == (1, 0)``)."""
+    if (m, c) == (1, 0):
         return q
-    return _kept(
-        int_ops.requantize(q, _zp(a.zero_point), _zp(up.m), _zp(0), _zp(0), qmin=-(2**31), qmax=2**31 - 1)
-    )
+    lo, hi = t.qrange
+    return _kept(int_ops.requantize(q, _zp(a.zero_point), _zp(m), _zp(c), _zp(0), qmin=lo, qmax=hi))
 
 
 def _act_type(qz: ActFakeQuant) -> Affine:
@@ -254,12 +258,20 @@ class IntegerViT(nn.Module):
         return _lift(y, lp.t, approx)
 
     def _softmax(self, x: QT, qz: nn.Module) -> QT:
+        """The kernel ``Options.softmax`` picks, as ``passes/rules/nonlinear.py`` emits it."""
         approx = x.v.softmax(dim=-1)
         x = self._per_tensor(x)
-        sp = qparams.shiftmax(x.a, x.q.shape[-1], self._target(qz, approx), self.opt.min_x0)
-        q = _upscale(x.q, x.a, sp.up)
-        y = int_ops.shiftmax(q, _zp(sp.t.zero_point), x0=sp.x0, n=sp.n, bits=sp.bits)
-        return self._quant(_lift(y, sp.t, approx), qz, observe=False)
+        target = self._target(qz, approx)
+        if self.opt.softmax == "shiftmax":
+            sp = qparams.shiftmax(x.a, x.q.shape[-1], target, self.opt.min_x0)
+            q = _upscale(x.q, x.a, sp.up)
+            y = int_ops.shiftmax(q, _zp(sp.t.zero_point), x0=sp.x0, n=sp.n, bits=sp.bits)
+            return self._quant(_lift(y, sp.t, approx), qz, observe=False)
+        op = qparams.POLY_SOFTMAX[self.opt.softmax]
+        pp = qparams.poly_softmax(x.a, x.q.shape[-1], target, self.opt.min_x0)
+        q = _rescale_by(x.q, x.a, pp.grid.m, pp.grid.c, pp.grid.a)
+        y = int_ops.KERNELS[op](q, _zp(pp.t.zero_point), **pp.attrs(op))
+        return self._quant(_lift(y, pp.t, approx), qz, observe=False)
 
     def _gelu(self, x: QT, act: nn.Module, qz: nn.Module) -> QT:
         """ShiftGELU or IBertGELU, as ``Options.gelu`` picks (the rule's ``GELU`` table)."""

@@ -7,7 +7,17 @@ definition) and its ONNX function body; :mod:`.functions` attaches the bodies to
 
 from __future__ import annotations
 
-from . import iadd, ibertgelu, ilayernorm, l1layernorm, requantize, shiftgelu, shiftmax
+from . import (
+    iadd,
+    ibert_softmax,
+    ibertgelu,
+    ilayernorm,
+    l1layernorm,
+    log_int_softmax,
+    requantize,
+    shiftgelu,
+    shiftmax,
+)
 from ._spec import DOMAIN, VERSION, OpSpec, Port
 
 #: every op of the opset, by op_type (one explicit list; nothing registers itself on import)
@@ -19,7 +29,9 @@ OPS: dict[str, OpSpec] = {
         shiftmax,
         shiftgelu,
         ilayernorm,
-        ibertgelu,  # the paper's ablation alternatives (Table 2)
+        ibert_softmax,  # the paper's ablation alternatives (Table 2)
+        log_int_softmax,
+        ibertgelu,
         l1layernorm,
     )
 }

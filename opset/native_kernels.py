@@ -27,6 +27,8 @@ _ARGS = {  # kernel -> argument kinds: p pointer, i int64, c dtype code / thread
     "ivit_ilayernorm": "pciipppiiiiiipcc",
     "ivit_ibertgelu": "pciiippiiiiiipcc",
     "ivit_l1layernorm": "pciipppiiiiiipcc",
+    "ivit_ibert_softmax": "pciiiiiiiipcc",
+    "ivit_log_int_softmax": "pciiiiiiiiipcc",
 }
 #: how many calls each op made natively and through the numpy reference (``"Op/native"``, ``"Op/numpy"``)
 STATS: Counter = Counter()
@@ -244,9 +246,39 @@ def ibertgelu(x, multiplier, shift, y_zero_point, *, clip: int, coeff: int, k: i
     return _gelu("IBertGELU", "ivit_ibertgelu", 0 <= k <= 62, *args, clip, coeff, k)
 
 
+def _poly_ok(x0: int, qb: int, qc: int, n: int) -> bool:
+    """The exp attributes the kernels compute (``native/poly_exp.h``, ``poly_exp_refusal``)."""
+    return 1 <= x0 <= qb <= 2**30 and 0 <= qc <= 2**60 and 0 <= n <= 60 and (qb * qb + qc) << n < 2**61
+
+
+def _poly_softmax(op: str, name: str, x, y_zero_point, attrs: list[int]):
+    got, zy = _prep(x, y_zero_point), _scalar(y_zero_point)
+    if not got or zy is None or got[0].ndim == 0:
+        return None
+    x, zyt = got
+    y = np.empty(x.shape, zyt.dtype)
+    _call(op, name, _ptr(x), _CODES[x.dtype], x.size // x.shape[-1], x.shape[-1], zy, *attrs, _ptr(y),
+          _CODES[y.dtype], _threads)
+    return y
+
+
+def ibert_softmax(x, y_zero_point, *, x0: int, qb: int, qc: int, n: int, bits: int):
+    if not _poly_ok(x0, qb, qc, n) or not 1 <= bits <= 30:
+        return None
+    return _poly_softmax("IBertSoftmax", "ivit_ibert_softmax", x, y_zero_point, [x0, qb, qc, n, bits])
+
+
+def log_int_softmax(x, y_zero_point, *, x0: int, qb: int, qc: int, n: int, bits: int, log_bits: int):
+    if not _poly_ok(x0, qb, qc, n) or not 1 <= bits <= 30 or not 1 <= log_bits <= 5:
+        return None
+    attrs = [x0, qb, qc, n, bits, log_bits]
+    return _poly_softmax("LogIntSoftmax", "ivit_log_int_softmax", x, y_zero_point, attrs)
+
+
 #: op_type -> native wrapper (same arguments as the reference; ``None`` means "use the reference")
 KERNELS = {"Requantize": requantize, "IAdd": iadd, "Shiftmax": shiftmax, "ShiftGELU": shiftgelu,
-           "ILayerNorm": ilayernorm, "IBertGELU": ibertgelu, "L1LayerNorm": l1layernorm}
+           "ILayerNorm": ilayernorm, "IBertGELU": ibertgelu, "L1LayerNorm": l1layernorm,
+           "IBertSoftmax": ibert_softmax, "LogIntSoftmax": log_int_softmax}
 
 
 def run(op: str, reference, *inputs, **attrs) -> np.ndarray:

@@ -22,6 +22,7 @@
 #include "intmath.h"
 #include "kernels.h"
 #include "parallel.h"
+#include "poly_exp.h"
 
 // An explicit AVX2 path for the rescale of Requantize (f the identity; also fused with its table) and IAdd,
 // chosen at run time on CPUs with AVX2 but without AVX-512 (there the v4 clones run as before). AVX2 has no
@@ -353,8 +354,9 @@ IVIT_CLONES void min_max(const T* __restrict x, i64 n, i64& lo, i64& hi) {
 }
 
 // Entries of a table over a = 0..span (span: the largest a looked up; past the clamp point every a reads
-// the last entry), or 0 for "evaluate directly" (too big, or not paid for by `uses` lookups).
-inline i64 table_size(const Exp& exp, i64 span, i64 uses) {
+// the last entry), or 0 for "evaluate directly" (too big, or not paid for by `uses` lookups). E: Exp or PolyExp.
+template <class E>
+inline i64 table_size(const E& exp, i64 span, i64 uses) {
   const i64 size = std::min(std::max<i64>(span, 0), exp.clamp_point()) + 1;
   return (size <= LUT_MAX && size * 4 <= uses) ? size : 0;
 }
@@ -647,6 +649,49 @@ int layernorm_rows(const void* x, int ti, i64 rows, i64 len, const i64* b, const
   }) ? 0 : 1;
 }
 
+// ---- IBertSoftmax and LogIntSoftmax: I-BERT's polynomial exp (poly_exp.h), then each op's output per row
+
+// out(e, sum, yr) writes row r (`len` elements at yr) from its exps e and their sum; exps from a table where one
+// pays for itself (over the whole tensor's span, up to the clamp point n*x0), else directly.
+template <class Out>
+int poly_softmax_rows(const void* x, int ti, i64 rows, i64 len, const PolyExp& exp, void* y, int to, int threads,
+                      Out out) {
+  return with_types(ti, to, [&](auto ti_, auto to_) {
+    using TI = decltype(ti_);
+    using TO = decltype(to_);
+    const TI* xs = as<TI>(x);
+    i64 lo, hi;
+    min_max(xs, rows * len, lo, hi);
+    const i64 size = table_size(exp, hi - lo, rows * len);
+    std::vector<i64> table(size);
+    for (i64 a = 0; a < size; ++a) table[a] = exp(a);
+    const i64* lut = table.data();
+    parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 r0, i64 r1) {
+      std::vector<i64> e(len);
+      for (i64 r = r0; r < r1; ++r) {
+        const TI* xr = xs + r * len;
+        i64 mx = xr[0];
+        for (i64 j = 1; j < len; ++j) mx = std::max<i64>(mx, xr[j]);
+        auto from_table = [lut, size](i64 a) { return lut[std::min(a, size - 1)]; };
+        const i64 sum = size ? softmax_exps(xr, e.data(), len, mx, from_table)
+                             : softmax_exps(xr, e.data(), len, mx, [exp](i64 a) { return exp(a); });
+        out(e.data(), sum, static_cast<TO*>(y) + r * len);
+      }
+    });
+  }) ? 0 : 1;
+}
+
+// LogIntSoftmax's output of a row: q = #{k < K : e <= theta[k]}, y = value[q] + zy (value: lis_value of 0..K)
+template <class TO>
+IVIT_CLONES void log_levels(const i64* __restrict e, TO* __restrict y, i64 len, const i64* __restrict theta, i64 k,
+                            const i64* __restrict value, i64 zy) {
+  for (i64 j = 0; j < len; ++j) {
+    i64 q = 0;
+    for (i64 t = 0; t < k; ++t) q += e[j] <= theta[t];
+    y[j] = static_cast<TO>(value[q] + zy);
+  }
+}
+
 }  // namespace
 
 namespace ivit {
@@ -838,6 +883,33 @@ int ivit_ibertgelu(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i6
   const IBertErf erf(clip, coeff, k);
   return rescale_each(x, ti, outer, nc, inner, b, c, zy, qmin, qmax, y, to, threads,
                       [&](const auto*, i64, auto run) { run([erf](i64 v) { return v * erf(v); }); });
+}
+
+// IBertSoftmax over rows of `len`: y = int_div(e, sum(e), bits) + zy (no clip), e = poly_exp(x - max) >> k with
+// k = norm_shift(qb, qc, n); attributes as poly_exp_refusal accepts, 0 <= bits <= 62.
+int ivit_ibert_softmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x0, i64 qb, i64 qc, i64 n, i64 bits,
+                       void* y, int to, int threads) {
+  const i64 sh = 62 - bits;
+  return poly_softmax_rows(x, ti, rows, len, PolyExp(x0, qb, qc, n, norm_shift(qb, qc, n)), y, to, threads,
+                           [&](const i64* e, i64 sum, auto* yr) {
+                             softmax_out(e, yr, len, floor_div(RECIP_M, sum), sh, zy);
+                           });
+}
+
+// LogIntSoftmax over rows of `len`: the level q of each exp among K = lis_levels(bits, log_bits) thresholds
+// floor(2 sum / D_k) of its row, y = lis_value(q) + zy (no clip); attributes as poly_exp_refusal accepts,
+// 1 <= bits <= 30, 1 <= log_bits <= 5.
+int ivit_log_int_softmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x0, i64 qb, i64 qc, i64 n, i64 bits,
+                         i64 log_bits, void* y, int to, int threads) {
+  const i64 k = lis_levels(bits, log_bits);
+  std::vector<i64> value(k + 1);
+  for (i64 q = 0; q <= k; ++q) value[q] = lis_value(q, k, bits);
+  return poly_softmax_rows(x, ti, rows, len, PolyExp(x0, qb, qc, n), y, to, threads,
+                           [&](const i64* e, i64 sum, auto* yr) {
+                             i64 theta[64];
+                             for (i64 t = 0; t < k; ++t) theta[t] = (2 * sum) / lis_divisor(t + 1);
+                             log_levels(e, yr, len, theta, k, value.data(), zy);
+                           });
 }
 
 // 1 where the AVX2 rescale loops run on this CPU (avx2_path), else 0: for the tests.

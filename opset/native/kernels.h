@@ -35,4 +35,8 @@ int ivit_ibertgelu(const void* x, int ti, int64_t outer, int64_t nc, int64_t inn
 int ivit_l1layernorm(const void* x, int ti, int64_t rows, int64_t len, const int64_t* b, const int64_t* c,
                      const int64_t* bias, int64_t nc, int64_t zy, int64_t shift_in, int64_t p, int64_t qmin,
                      int64_t qmax, void* y, int to, int threads);
+int ivit_ibert_softmax(const void* x, int ti, int64_t rows, int64_t len, int64_t zy, int64_t x0, int64_t qb,
+                       int64_t qc, int64_t n, int64_t bits, void* y, int to, int threads);
+int ivit_log_int_softmax(const void* x, int ti, int64_t rows, int64_t len, int64_t zy, int64_t x0, int64_t qb,
+                         int64_t qc, int64_t n, int64_t bits, int64_t log_bits, void* y, int to, int threads);
 }

@@ -24,6 +24,7 @@
 #include "kernels.h"
 #include "ort_abi.h"
 #include "parallel.h"
+#include "poly_exp.h"
 
 using ivit::i64;
 
@@ -57,8 +58,10 @@ void check(ort::Status* s) {
 // int8/uint8/int16/int32 input; int64 input; the output zero point; a lookup table (1-D, not broadcast)
 // of the output type; an int32 lookup table
 enum Port { INT, I64, OUT, TABLE_OUT, TABLE_I32 };
-enum Op { REQUANTIZE, IADD, SHIFTMAX, SHIFTGELU, ILAYERNORM, REQUANTIZE_TABLE, REQUANTIZE_SHIFTMAX,
-          IBERTGELU, L1LAYERNORM };
+enum Op {
+  REQUANTIZE, IADD, SHIFTMAX, SHIFTGELU, ILAYERNORM, REQUANTIZE_TABLE, REQUANTIZE_SHIFTMAX,
+  IBERT_SOFTMAX, LOG_INT_SOFTMAX, IBERTGELU, L1LAYERNORM,  // the paper's ablation alternatives (Table 2)
+};
 
 struct OpDef {
   const char* domain;
@@ -84,6 +87,8 @@ const OpDef OPS[] = {
     // the paper's ablation alternatives (Table 2)
     {OPSET, "IBertGELU", IBERTGELU, {INT, I64, I64, OUT}, {"clip", "coeff", "k", "qmin", "qmax"}},
     {OPSET, "L1LayerNorm", L1LAYERNORM, {INT, I64, I64, I64, OUT}, {"shift_in", "p", "qmin", "qmax"}},
+    {OPSET, "IBertSoftmax", IBERT_SOFTMAX, {INT, OUT}, {"x0", "qb", "qc", "n", "bits"}},
+    {OPSET, "LogIntSoftmax", LOG_INT_SOFTMAX, {INT, OUT}, {"x0", "qb", "qc", "n", "bits", "log_bits"}},
 };
 constexpr int N_OPS = sizeof(OPS) / sizeof(OPS[0]);
 
@@ -223,7 +228,7 @@ bool shifts_ok(const std::vector<i64>& c) {
 struct Kernel {
   const OpDef* def;
   std::string node;
-  i64 attr[5];  // in the order of def->attrs (at most 5)
+  i64 attr[8];  // in the order of def->attrs
 };
 
 // The calling thread's kernels run their chunks on onnxruntime's pool while this is alive.
@@ -313,19 +318,41 @@ void iadd(Call& c) {
 
 Tensor view(const std::vector<i64>& v, const Shape& shape) { return Tensor{ort::INT64, shape, v.data(), numel(shape)}; }
 
-void shiftmax(Call& c) {
+// A softmax over the last axis, y = p + zy (no clip): kernel(rows, len, zy, y, to) writes p + zy into y of dtype
+// code `to`. In one call where x has the output's shape and zy is a scalar; else the probabilities (< 2**bits
+// <= 2**30) into int32 with zero point 0, then + y_zero_point broadcast.
+template <class Kernel>
+void row_softmax(Call& c, Kernel kernel) {
   const Tensor& x = c.in[0];
-  fail_if(x.shape.empty(), "x must have at least one axis (Shiftmax works along the last one)");
+  fail_if(x.shape.empty(), "x must have at least one axis (the softmax works along the last one)");
   const i64 len = x.shape.back(), rows = len ? x.size / len : 0;
   if (c.full(0) && c.scalar(1)) {
-    ivit_shiftmax(x.data, c.code(0), rows, len, c.in[1].at(0), c.a(0), c.a(1), c.a(2), c.y, kernel_code(c.y_elem), 0);
+    kernel(rows, len, c.in[1].at(0), c.y, kernel_code(c.y_elem));
     return;
   }
-  // the probabilities (< 2**bits <= 2**30) into int32 with zero point 0, then + y_zero_point broadcast
   std::vector<int32_t> p(x.size);
-  if (x.size) ivit_shiftmax(x.data, c.code(0), rows, len, 0, c.a(0), c.a(1), c.a(2), p.data(), 3, 0);
+  if (x.size) kernel(rows, len, 0, p.data(), 3);
   const auto pv = expand(Tensor{ort::INT32, x.shape, p.data(), x.size}, c.out), zy = expand(c.in[1], c.out);
   for (size_t i = 0; i < pv.size(); ++i) store(c.y, c.y_elem, i, pv[i] + zy[i]);
+}
+
+void shiftmax(Call& c) {
+  row_softmax(c, [&](i64 rows, i64 len, i64 zy, void* y, int to) {
+    ivit_shiftmax(c.in[0].data, c.code(0), rows, len, zy, c.a(0), c.a(1), c.a(2), y, to, 0);
+  });
+}
+
+void ibert_softmax(Call& c) {
+  row_softmax(c, [&](i64 rows, i64 len, i64 zy, void* y, int to) {
+    ivit_ibert_softmax(c.in[0].data, c.code(0), rows, len, zy, c.a(0), c.a(1), c.a(2), c.a(3), c.a(4), y, to, 0);
+  });
+}
+
+void log_int_softmax(Call& c) {
+  row_softmax(c, [&](i64 rows, i64 len, i64 zy, void* y, int to) {
+    ivit_log_int_softmax(c.in[0].data, c.code(0), rows, len, zy, c.a(0), c.a(1), c.a(2), c.a(3), c.a(4), c.a(5), y,
+                         to, 0);
+  });
 }
 
 // ShiftGELU and IBertGELU (inputs x, multiplier, shift, y_zero_point; three attributes of their own, then qmin,
@@ -460,6 +487,8 @@ void run_op(Call& c) {
     case REQUANTIZE_SHIFTMAX: return requantize_shiftmax(c);
     case IBERTGELU: return ibertgelu(c);
     case L1LAYERNORM: return l1layernorm(c);
+    case IBERT_SOFTMAX: return ibert_softmax(c);
+    case LOG_INT_SOFTMAX: return log_int_softmax(c);
   }
 }
 
@@ -557,6 +586,15 @@ void check_attrs(const Kernel& k) {
     case ILAYERNORM: need(0, 0, 62), need(1, 0, 61); break;
     case L1LAYERNORM: need(0, 0, 62), need(1, 0, 61); break;
     case IBERTGELU: need(0, 0, (i64(1) << 31) - 1), need(1, 0, (i64(1) << 62) - 1), need(2, 0, 62); break;
+    case LOG_INT_SOFTMAX: need(5, 1, 5); [[fallthrough]];
+    case IBERT_SOFTMAX: {
+      need(4, 1, 30);
+      const char* why = ivit::poly_exp_refusal(k.attr[0], k.attr[1], k.attr[2], k.attr[3]);
+      if (why)
+        throw Error("attributes x0=" + std::to_string(k.attr[0]) + ", qb=" + std::to_string(k.attr[1]) + ", qc=" +
+                    std::to_string(k.attr[2]) + ", n=" + std::to_string(k.attr[3]) + ": the exp " + why);
+      break;
+    }
     default: break;
   }
 }
@@ -635,10 +673,12 @@ IvitOp make_op(const OpDef& def) {
 }
 
 IvitOp* ops() {
-  static IvitOp table[N_OPS] = {make_op(OPS[0]), make_op(OPS[1]), make_op(OPS[2]), make_op(OPS[3]),
-                                make_op(OPS[4]), make_op(OPS[5]), make_op(OPS[6]), make_op(OPS[7]),
-                                make_op(OPS[8])};
-  return table;
+  static std::vector<IvitOp> table = [] {
+    std::vector<IvitOp> t;
+    for (const OpDef& def : OPS) t.push_back(make_op(def));
+    return t;
+  }();
+  return table.data();
 }
 
 }  // namespace

@@ -8,8 +8,10 @@ input elsewhere): scores ``x`` (symmetric, int32) become ``Where(masked, fill, x
 for scores of scale ``s`` and ``|x| <= bound``. Whatever upscale ``m``, grid ``x0`` and ``n <= 30`` the
 Shiftmax rule then picks, a masked entry lies at least ``n*x0 + 3`` below the row maximum (an unmasked
 entry, as long as a row keeps one), so its shift-exp hits the clamp and equals ``x0``, and
-``int_div(x0, sum, bits) = 0`` because ``sum >= x0 * 2**n`` and ``n >= bits`` (checked here). The proof
-is written out in opset/README.md ("Masked scores").
+``int_div(x0, sum, bits) = 0`` because ``sum >= x0 * 2**n`` and ``n >= bits`` (checked here). The same
+fill serves the polynomial-exp kernels of ``--softmax ibert|lis`` (their exp clamps at ``n*x0 <= 30 ln2/s``
+plus rounding, closer than Shiftmax's; :func:`zero_reason` checks each kernel's conditions). The proofs are
+written out in opset/README.md ("Masked scores").
 
 ``MaskedAdd`` lowers ``Softmax(reshapes(Add(scores, C)))`` with a constant ``C`` of zeros and mask values
 ``<= -T``, ``T = 2 R + (bits + 1) ln 2`` (``R`` the scores' real bound): there the float model's
@@ -26,6 +28,7 @@ import onnx_graphsurgeon as gs
 from ivit_onnx import qparams
 from ivit_onnx.affine import Affine
 from ivit_onnx.graph import const_array
+from ivit_onnx.opset import log_int_softmax as lis
 
 from ..pattern import Op, Rule
 from .consts import constant_value
@@ -49,18 +52,49 @@ def softmax_row(lw: Lowerer, softmax: gs.Node) -> int:
     return int(last) if isinstance(last, int) else lw.opt.max_row
 
 
-def fill_type(a: Affine, row: int, target: Affine | None, min_x0: int) -> tuple[int, Affine, int]:
-    """``(fill, type of the masked scores, Shiftmax bits)`` for symmetric per-tensor scores ``a``."""
+def zero_reason(
+    t: Affine, gap: int, row: int, target: Affine | None, min_x0: int, softmax: str
+) -> tuple[int, str | None]:
+    """``(bits, None)`` when the kernel ``softmax`` (``Options.softmax``), with the parameters the Softmax
+    rule derives from the type ``t`` it reads, writes exactly 0 for every entry ``gap`` or more (in ``t``'s
+    integers) below the row's unmasked maximum; else ``(bits, why not)``. The conditions of the proofs in
+    opset/README.md ("Masked scores"): the exp reaches its clamp there, and the clamped exp's share is 0."""
+    if softmax == "shiftmax":
+        sp = qparams.shiftmax(t, row, target, min_x0)
+        if sp.bits <= sp.n <= N_CAP and gap * sp.up.m >= sp.n * sp.x0 + 3:
+            return sp.bits, None
+        return sp.bits, f"Shiftmax n={sp.n}, x0={sp.x0}, bits={sp.bits} cannot give masked entries 0"
+    op = qparams.POLY_SOFTMAX[softmax]
+    pp = qparams.poly_softmax(t, row, target, min_x0)
+    # IBertSoftmax: a clamped exp is about 2**-n of the maximum's, 0 once n >= bits + 1 (after the shift by
+    # k); LogIntSoftmax: past every one of its K thresholds once n >= K. The grid's rescale moves a gap g to
+    # at most g m / 2**c + 1 below.
+    need = lis.levels(pp.bits, qparams.LIS_LOG_BITS) if op == "LogIntSoftmax" else pp.bits + 1
+    if need <= pp.n and gap * pp.grid.m >= (pp.n * pp.x0 + 1) << pp.grid.c:
+        return pp.bits, None
+    return pp.bits, f"{op} n={pp.n}, x0={pp.x0}, bits={pp.bits} cannot give masked entries 0"
+
+
+def fill_type(
+    a: Affine, row: int, target: Affine | None, min_x0: int, softmax: str = "shiftmax"
+) -> tuple[int, Affine, int]:
+    """``(fill, type of the masked scores, softmax bits)`` for symmetric per-tensor scores ``a`` before the
+    Softmax kernel ``softmax``."""
     margin = math.ceil(N_CAP * qparams.LOG2E_FIX / float(a.scale)) + 18
     fill = -(a.bound + margin)
     if -fill > _INT32_MAX:
         raise MaskError(f"scores bound {a.bound} at scale {float(a.scale):.3g} leaves no int32 room to mask")
     t = Affine(a.scale, 0, np.int32, bound=-fill)
-    sp = qparams.shiftmax(t, row, target, min_x0)
-    # the proof's conditions, with the parameters the Softmax rule will derive from ``t``
-    if not sp.bits <= sp.n <= N_CAP or (-fill - a.bound) * sp.up.m < sp.n * sp.x0 + 3:
-        raise MaskError(f"Shiftmax n={sp.n}, x0={sp.x0}, bits={sp.bits} cannot give masked entries 0")
-    return fill, t, sp.bits
+    bits, why = zero_reason(t, margin, row, target, min_x0, softmax)
+    if why:
+        raise MaskError(why)
+    return fill, t, bits
+
+
+def softmax_context(lw: Lowerer, softmax: gs.Node) -> tuple:
+    """``(row, target, min_x0, kernel)``: what the Softmax rule will derive ``softmax``'s parameters from
+    besides its input type (:func:`fill_type`'s and :func:`zero_reason`'s last arguments)."""
+    return softmax_row(lw, softmax), lw.target(softmax.outputs[0]), lw.opt.min_x0, lw.opt.softmax
 
 
 def masked_scores(
@@ -69,7 +103,7 @@ def masked_scores(
     """``Where(masked, fill, scores)`` in int32: the Shiftmax of ``softmax`` gives exactly 0 where
     ``masked`` (a bool tensor broadcasting against the scores) is true, if every row keeps one false."""
     it, a = lw.symmetric(*lw.per_tensor(it, a))
-    fill, t, _ = fill_type(a, softmax_row(lw, softmax), lw.target(softmax.outputs[0]), lw.opt.min_x0)
+    fill, t, _ = fill_type(a, *softmax_context(lw, softmax))
     if a.dtype != t.dtype:
         it = lw.node("Cast", [it], np.int32, "widen", attrs={"to": np.int32}, shape=it.shape)
     out = lw.node("Where", [masked, lw.const(np.array(fill, np.int32), "fill"), it], np.int32, "mask")
@@ -132,7 +166,7 @@ class MaskedAdd(Rule):
         it, a = lw.get(scores)
         a = Affine(a.scale, 0, np.int32, bound=a.bound) if a.per_tensor else qparams.per_tensor(a)
         try:
-            _, _, bits = fill_type(a, softmax_row(lw, softmax), lw.target(softmax.outputs[0]), lw.opt.min_x0)
+            _, _, bits = fill_type(a, *softmax_context(lw, softmax))
         except MaskError as e:
             return str(e)
         return _mask_reason(c, threshold(a, bits), node.outputs[0].shape)
@@ -153,7 +187,7 @@ class MaskedAdd(Rule):
         softmax = softmax_after(node.outputs[0])
         it, a = lw.get(scores)
         sym = Affine(a.scale, 0, np.int32, bound=a.bound) if a.per_tensor else qparams.per_tensor(a)
-        _, _, bits = fill_type(sym, softmax_row(lw, softmax), lw.target(softmax.outputs[0]), lw.opt.min_x0)
+        _, _, bits = fill_type(sym, *softmax_context(lw, softmax))
         masked = lw.const(c <= -threshold(sym, bits), "masked")
         out, t = masked_scores(lw, it, a, masked, softmax)
         out.shape = node.outputs[0].shape
@@ -217,18 +251,13 @@ def _quantized_plan(lw: Lowerer, node: gs.Node, scores: gs.Tensor, c: np.ndarray
     fill = t.zero_point - unmasked - margin
     if fill < t.qrange[0]:
         return None, f"the sum's type {t.describe()} has no room below the scores for a mask fill"
-    sp = qparams.shiftmax(
-        Affine(t.scale, t.zero_point, t.dtype),
-        softmax_row(lw, softmax),
-        lw.target(softmax.outputs[0]),
-        lw.opt.min_x0,
-    )
-    if not sp.bits <= sp.n <= N_CAP or margin * sp.up.m < sp.n * sp.x0 + 3:
-        return None, f"Shiftmax n={sp.n}, x0={sp.x0}, bits={sp.bits} cannot give masked entries 0"
+    bits, why = zero_reason(Affine(t.scale, t.zero_point, t.dtype), margin, *softmax_context(lw, softmax))
+    if why:
+        return None, why
     # the fake-quant model's masked logit is at most max(R + C, (qmin - zp) s) (+ s/2 rounding), its
     # unmasked maximum at least -R - s/2: both must be (bits + 1) ln 2 apart for it to output 0 there too
-    limit = threshold(a, sp.bits) + s
-    if (t.qrange[0] - t.zero_point) * s + float(a.bound * a.scale) + s > -(sp.bits + 1) * math.log(2):
+    limit = threshold(a, bits) + s
+    if (t.qrange[0] - t.zero_point) * s + float(a.bound * a.scale) + s > -(bits + 1) * math.log(2):
         return None, f"the sum's type {t.describe()} clamps masked entries too close to the scores"
     why = _mask_reason(c, limit, node.outputs[0].shape)
     return ((t, fill, np.asarray(c <= -limit)), None) if why is None else (None, why)

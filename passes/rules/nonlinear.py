@@ -39,7 +39,7 @@ def _upscale(lw: Lowerer, it, a: Affine, up: qparams.Upscale):
 def _emit(lw: Lowerer, node: gs.Node, op: str, inputs: list, t: Affine, **attrs) -> Outcome:
     """The private op writing ``node``'s output in type ``t`` (its y_zero_point last; qmin/qmax from ``t``
     unless the op has none)."""
-    if op != "Shiftmax":
+    if op not in SOFTMAX_OPS:
         attrs.update(zip(("qmin", "qmax"), dtype_range(t.dtype), strict=True))
     out = lw.private(
         op,
@@ -51,6 +51,10 @@ def _emit(lw: Lowerer, node: gs.Node, op: str, inputs: list, t: Affine, **attrs)
     )
     lw.set(node.outputs[0], out, t)
     return Outcome.HANDLED
+
+
+#: the private softmaxes: no clip (their outputs lie in ``[zy, zy + 2**bits - 1]``), so no qmin/qmax
+SOFTMAX_OPS = ("Shiftmax", "IBertSoftmax", "LogIntSoftmax")
 
 
 def _variant(lw: Lowerer, node: gs.Node, op: str, emitters: dict):
@@ -66,8 +70,23 @@ def _shiftmax(lw: Lowerer, node: gs.Node, it, a: Affine, row: int) -> Outcome:
     return _emit(lw, node, "Shiftmax", [_upscale(lw, it, a, sp.up)], sp.t, x0=sp.x0, n=sp.n, bits=sp.bits)
 
 
+def _poly_softmax(op: str):
+    """The emitter of a polynomial-exp softmax ``op`` (IBertSoftmax, LogIntSoftmax): the input on its ``ln 2``
+    grid (:func:`ivit_onnx.qparams.poly_grid`: an exact upscale or a power-of-two downscale), then the op."""
+
+    def emit(lw: Lowerer, node: gs.Node, it, a: Affine, row: int) -> Outcome:
+        pp = qparams.poly_softmax(a, row, lw.target(node.outputs[0]), lw.opt.min_x0)
+        g = pp.grid
+        if (g.m, g.c) != (1, 0):
+            it = lw.rescale(it, a, np.int64(g.m), np.int64(g.c), g.a, "exp_grid")
+        return _emit(lw, node, op, [it], pp.t, **pp.attrs(op))
+
+    return emit
+
+
 #: Softmax kernels by ``Options.softmax``: ``(lw, node, input, per-tensor type, row length)``
-SOFTMAX = {"shiftmax": _shiftmax}
+#: (``ibert``: I-BERT's polynomial exp, ``lis``: FQ-ViT's Log-Int-Softmax; the paper's Table 2)
+SOFTMAX = {"shiftmax": _shiftmax, **{k: _poly_softmax(op) for k, op in qparams.POLY_SOFTMAX.items()}}
 
 
 class Softmax(Rule):

@@ -24,7 +24,7 @@ from ivit_onnx.graph import dequantized_const, producer
 
 from ..pattern import Op, Rule, Var
 from .lowerer import Outcome
-from .mask import MaskError, fill_type, masked_scores, softmax_after, softmax_row, threshold
+from .mask import MaskError, fill_type, masked_scores, softmax_after, softmax_context, threshold
 
 #: layout ops applied to the integer mask as they are (their other inputs are shapes/axes/indices; a gather
 #: of a 0/1 mask is 0/1: Hugging Face's masks index the padding mask with computed, folded indices)
@@ -232,7 +232,7 @@ class TokenMaskedAdd(Rule):
             return "the sum does not reach a last-axis Softmax through reshapes"
         a = _symmetric_int32(lw.get(scores)[1])
         try:
-            _, _, bits = fill_type(a, softmax_row(lw, softmax), lw.target(softmax.outputs[0]), lw.opt.min_x0)
+            _, _, bits = fill_type(a, *softmax_context(lw, softmax))
         except MaskError as e:
             return str(e)
         if float(mask.off) - float(mask.on) > -threshold(a, bits):

@@ -114,14 +114,18 @@ def _check_masked_zero(model: onnx.ModelProto, blocks: list, x: np.ndarray) -> N
             assert np.all(p[np.broadcast_to(masked[None, :, None], p.shape)] == 0)
 
 
-def test_masked_probabilities_are_exactly_zero(tmp_path):
-    """Every Shiftmax fed by a masking Where writes 0 at every masked position (and not only there)."""
-    model, _ = rewrite(_fake_quant(tmp_path, "tiny")[0])
+@pytest.mark.parametrize(
+    "softmax, op", [("shiftmax", "Shiftmax"), ("ibert", "IBertSoftmax"), ("lis", "LogIntSoftmax")]
+)
+def test_masked_probabilities_are_exactly_zero(tmp_path, softmax, op):
+    """Every softmax (``--softmax``'s kernel) fed by a masking Where writes 0 at every masked position (and
+    not only there)."""
+    model, _ = rewrite(_fake_quant(tmp_path, "tiny")[0], softmax=softmax)
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     pairs = []
     for w in (n for n in model.graph.node if n.op_type == "Where"):
         t = w.output[0]
-        while (node := next(n for n in model.graph.node if t in n.input)).op_type != "Shiftmax":
+        while (node := next(n for n in model.graph.node if t in n.input)).op_type != op:
             t = node.output[0]
         pairs.append((w, node.output[0]))
     assert len(pairs) == 2

@@ -42,6 +42,34 @@ def test_fill_gives_exact_zeros_in_the_reference(target, bits, scale, bound):
     assert np.all(y[masked] == zy) and np.all((y.astype(np.int64) - zy.astype(np.int64)).sum(-1) > 0)
 
 
+@pytest.mark.parametrize("softmax", sorted(qparams.POLY_SOFTMAX))
+@pytest.mark.parametrize("target, bits", TARGETS)
+@pytest.mark.parametrize("scale", [1e-5, 3e-4, 0.07, 2.0])
+@pytest.mark.parametrize("bound", [1, 128, 2**20])
+def test_fill_gives_exact_zeros_with_polynomial_exps(softmax, target, bits, scale, bound):
+    """``--softmax ibert|lis``: the same fill, through the grid's rescale (exact upscale or shift down) and
+    the kernel's reference, is exactly 0 at every masked entry."""
+    rng = np.random.default_rng(bound)
+    row = 49
+    a = Affine(np.float64(scale), 0, np.int32, bound=bound)
+    fill, t, got_bits = mask.fill_type(a, row, target, 1024, softmax)
+    assert got_bits == bits
+    op = qparams.POLY_SOFTMAX[softmax]
+    pp = qparams.poly_softmax(t, row, target, 1024)  # what the Softmax rule derives from the masked type
+    x = rng.integers(-bound, bound, (64, row), endpoint=True)
+    x[0], x[1] = bound, -bound
+    masked = rng.random((64, row)) < 0.7
+    masked[np.arange(64), rng.integers(0, row, 64)] = False
+    lo, hi = pp.grid.a.qrange
+    grid = OPS["Requantize"].run(
+        np.where(masked, fill, x).astype(np.int32), np.int32(0), np.int64(pp.grid.m), np.int64(pp.grid.c),
+        np.int32(0), qmin=lo, qmax=hi,
+    )
+    zy = np.array(pp.t.zero_point, pp.t.dtype)
+    y = OPS[op].run(grid, zy, **pp.attrs(op))
+    assert np.all(y[masked] == zy) and np.all((y.astype(np.int64) - zy.astype(np.int64)).sum(-1) > 0)
+
+
 def test_too_wide_scores_are_refused():
     with pytest.raises(mask.MaskError):
         mask.fill_type(Affine(np.float64(1e-3), 0, np.int32, bound=2**31 - 100), 16, None, 1024)

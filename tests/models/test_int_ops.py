@@ -45,9 +45,12 @@ def test_torch_kernel_bit_exact(op):
 @pytest.mark.parametrize("dtype,s_x", [(np.int8, 0.08), (np.int32, 1e-4), (np.int16, 1e-3)])
 @pytest.mark.parametrize("kind", ["constant_rows", "uniform", "spike"])
 def test_long_rows(row, dtype, s_x, kind):
-    """Shiftmax, ShiftGELU and ILayerNorm on rows of 1..4096 at the overflow edges of their sums."""
+    """The softmaxes, ShiftGELU and ILayerNorm on rows of 1..4096 at the overflow edges of their sums."""
     x = long_row_input(row, dtype, kind)
     torch_equals_reference("Shiftmax", [x, np.int8(0)], oneop.shiftmax_params(s_x, row, 7))
+    poly = oneop.poly_softmax_params(s_x, row, 7)
+    torch_equals_reference("IBertSoftmax", [x, np.int8(0)], poly)
+    torch_equals_reference("LogIntSoftmax", [x, np.int8(0)], {**poly, "log_bits": 4})
     lo, hi = oneop.info(dtype)
     max_abs = max(-lo, hi)
     attrs, b, c = oneop.shiftgelu_params(

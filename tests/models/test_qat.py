@@ -151,3 +151,31 @@ def test_unsupported_models_are_refused():
         qat(model, [torch.zeros(2, 1, 8, 8)])
     with pytest.raises(ValueError, match="int8"):
         qat(vit(8, 2, 1, 10, 16, 1, 2), [torch.zeros(2, 1, 8, 8)], act_dtype="uint8")
+
+
+@pytest.mark.parametrize("softmax", ["ibert", "lis"])
+def test_softmax_ablation_kernels_bit_for_bit(trained, tmp_path, softmax):
+    """``Options(softmax=...)`` (I-BERT's polynomial exp, FQ-ViT's Log-Int-Softmax): the QAT model run with
+    that kernel equals its export converted with ``--softmax`` of the same name, logit for logit."""
+    from ivit_onnx import rewrite
+    from ivit_onnx.models.export import export_onnx
+    from ivit_onnx.opset.ort_library import session
+    from ivit_onnx.pipeline import Options
+
+    qm, _, x, y, _ = trained
+    x, y = x[:128], y[:128]
+    saved = qm.opt
+    try:
+        qm.opt = Options(softmax=softmax)
+        with torch.no_grad():
+            logits = qm.eval()(torch.from_numpy(x)).numpy()
+    finally:
+        qm.opt = saved
+    export_onnx(qm.fq, torch.from_numpy(x[:2]), tmp_path / "fq.onnx", exporter="dynamo", opset=17)
+    model, report = rewrite(tmp_path / "fq.onnx", softmax=softmax)
+    ops = {n.op_type for n in model.graph.node}
+    assert {"IBertSoftmax" if softmax == "ibert" else "LogIntSoftmax"} <= ops and "Shiftmax" not in ops
+    got = session(model, "library").run(None, {"input": x})[0]
+    diff = np.argwhere(got != logits)
+    assert not len(diff), f"{len(diff)} of {logits.size} logits differ, first at {tuple(diff[0])}"
+    assert (logits.argmax(-1) == y).mean() > 0.8

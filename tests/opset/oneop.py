@@ -34,6 +34,7 @@ from ivit_onnx.opset.functions import attach_functions
 from ivit_onnx.opset.ort_library import session
 from ivit_onnx.opset.reference import evaluator as reference_evaluator
 from ivit_onnx.opset.shift_exp import max_n
+from ivit_onnx.qparams import poly_coefficients
 
 OPSETS = (17, 18)
 INT_DTYPES = (np.int8, np.uint8, np.int16, np.int32)
@@ -177,6 +178,17 @@ def shiftmax_params(s_x: float, row: int, bits: int) -> dict:
     n = max_n(x0, row)
     assert row * x0 * 2**n < 2**62
     return {"x0": x0, "n": n, "bits": bits}
+
+
+def poly_softmax_params(s_x: float, row: int, bits: int, log_bits: int | None = None) -> dict:
+    """Attributes of an IBertSoftmax (LogIntSoftmax with ``log_bits``) on scores of scale ``s_x`` in rows of
+    ``row``: ``x0 = round(ln2/s)``, I-BERT's coefficients on that grid, ``n = max_n(qb**2 + qc, row)``."""
+    x0 = max(1, round(math.log(2) / s_x))
+    qb, qc = poly_coefficients(x0)
+    n = max_n(qb * qb + qc, row)
+    assert row * (qb * qb + qc) * 2**n < 2**61
+    attrs = {"x0": x0, "qb": qb, "qc": qc, "n": n, "bits": bits}
+    return attrs if log_bits is None else {**attrs, "log_bits": log_bits}
 
 
 def shiftgelu_params(s_x: float, s_y: float, max_abs: int, bits: int, qmin: int, qmax: int,

@@ -28,6 +28,7 @@ from tests.opset.oneop import (
     ilayernorm_params,
     info,
     l1_shift_in,
+    poly_softmax_params,
     requantize_params,
     shiftgelu_params,
     shiftmax_params,
@@ -238,6 +239,19 @@ def l1layernorm_cases(draw, xt=None, yt=None):
     wide = l1_shift_in(x.shape[-1], int(np.abs(x.astype(np.int64)).max()))
     attrs["shift_in"] = draw(st.sampled_from([attrs["shift_in"], wide]))
     return [x, b, c, bias, zy], attrs
+@st.composite
+def poly_softmax_cases(draw, op: str, xt=None, yt=None):
+    """IBertSoftmax / LogIntSoftmax: Shiftmax's inputs and outputs, I-BERT's exp on the grid ``ln2/s``, ``n``
+    at the row's overflow edge or below; LogIntSoftmax with 1..5 level bits (FQ-ViT: 4)."""
+    shape, xt, kind, rng = draw(shapes), pick(draw, xt), draw(kinds), np.random.default_rng(draw(seeds))
+    x = make_tensor(rng, shape, xt, kind)
+    yt, bits = draw(st.sampled_from([o for o in SHIFTMAX_OUT if yt in (None, o[0])]))
+    lo, hi = info(yt)
+    zy = draw(st.sampled_from([lo, max(lo, 0), hi - 2**bits + 1]))
+    log_bits = draw(st.sampled_from([4, 4, 1, 2, 3, 5])) if op == "LogIntSoftmax" else None
+    attrs = poly_softmax_params(log_uniform(draw, 1e-4, 1), shape[-1], bits, log_bits)
+    attrs["n"] = draw(st.sampled_from([attrs["n"], min(attrs["n"], 15), 0]))
+    return [x, yt(zy)], attrs
 
 
 CASES = {
@@ -248,6 +262,8 @@ CASES = {
     "ILayerNorm": ilayernorm_cases(),
     "IBertGELU": ibertgelu_cases(),
     "L1LayerNorm": l1layernorm_cases(),
+    "IBertSoftmax": poly_softmax_cases("IBertSoftmax"),
+    "LogIntSoftmax": poly_softmax_cases("LogIntSoftmax"),
 }
 
 
@@ -287,6 +303,19 @@ def test_shiftmax_long_rows(row, dtype, s_x, kind):
     y = check_all_ways(OPS["Shiftmax"], [x, np.int8(0)], attrs, opset=OPSETS[row % 2])
     if kind == "constant_rows":
         assert np.all(np.abs(y.astype(np.int64) - 128 // row) <= 1)
+
+
+@pytest.mark.parametrize("op", ["IBertSoftmax", "LogIntSoftmax"])
+@pytest.mark.parametrize("row", LONG_ROWS)
+@pytest.mark.parametrize("dtype,s_x", [(np.int8, 0.08), (np.int32, 1e-4)])
+@pytest.mark.parametrize("kind", ["constant_rows", "uniform", "spike"])
+def test_poly_softmax_long_rows(op, row, dtype, s_x, kind):
+    # constant rows make every exp maximal: the sum reaches row * (qb**2 + qc) * 2**n, the overflow edge
+    attrs = poly_softmax_params(s_x, row, 8, 4 if op == "LogIntSoftmax" else None)
+    x = long_row_input(row, dtype, kind)
+    y = check_all_ways(OPS[op], [x, np.uint8(0)], attrs, opset=OPSETS[row % 2])
+    if kind == "constant_rows" and op == "IBertSoftmax":
+        assert np.all(np.abs(y.astype(np.int64) - 256 // row) <= 1)
 
 
 @pytest.mark.parametrize("row", LONG_ROWS)

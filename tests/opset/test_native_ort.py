@@ -33,7 +33,7 @@ from onnx import TensorProto, helper
 from ivit_onnx.opset import OPS, native_kernels
 from ivit_onnx.opset.ort_library import native_library
 from ivit_onnx.opset.shift_exp import max_n
-from tests.opset.oneop import INT_DTYPES, one_node_model
+from tests.opset.oneop import INT_DTYPES, one_node_model, poly_softmax_params
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = Path(native_kernels.__file__).resolve().parent / "native"
@@ -55,6 +55,8 @@ def op_dtype_cases():
         yield "ILayerNorm", (xt, yt), tb.ilayernorm_cases(xt, yt)
         yield "IBertGELU", (xt, yt), tb.ibertgelu_cases(xt, yt)
         yield "L1LayerNorm", (xt, yt), tb.l1layernorm_cases(xt, yt)
+        for op in ("IBertSoftmax", "LogIntSoftmax"):
+            yield op, (xt, yt), tb.poly_softmax_cases(op, xt, yt)
     for at, bt, yt in itertools.product(INT_DTYPES, repeat=3):
         yield "IAdd", (at, bt, yt), tb.iadd_cases(at, bt, yt)
 
@@ -129,7 +131,7 @@ def run_fresh(lib: str, examples: int, env: dict | None = None, timeout: int = 9
 def assert_all_pairs_pass(summary: dict) -> None:
     assert not summary["failures"], "\n".join(summary["failures"][:20])
     n_cases = sum(1 for _ in op_dtype_cases())
-    assert len(summary["checked"]) == n_cases == 6 * 16 + 64
+    assert len(summary["checked"]) == n_cases == (len(OPS) - 1) * 16 + 64  # IAdd: dtype triples
     missing = [k for k, n in summary["checked"].items() if n == 0]
     assert not missing, f"no example ran for {missing}"
 
@@ -431,6 +433,9 @@ def big_cases():
     )
     s = RNG.integers(-2000, 2000, (8, 3, 197, 197)).astype(np.int32)
     yield "Shiftmax", [s, np.uint8(0)], {"x0": 1000, "n": max_n(1000, 197), "bits": 8}
+    poly = poly_softmax_params(7e-4, 197, 8)
+    yield "IBertSoftmax", [s, np.uint8(0)], poly
+    yield "LogIntSoftmax", [s, np.uint8(0)], {**poly, "log_bits": 4}
     a = RNG.integers(-128, 128, (8, 197, 192)).astype(np.int8)
     yield (
         "IAdd",

@@ -13,7 +13,8 @@ from ivit_onnx.opset import DOMAIN, OPS, VERSION
 
 README = Path(__file__).resolve().parents[2] / "opset" / "README.md"
 MODULES = {"Requantize": "requantize", "IAdd": "iadd", "Shiftmax": "shiftmax", "ShiftGELU": "shiftgelu",
-           "ILayerNorm": "ilayernorm", "IBertGELU": "ibertgelu", "L1LayerNorm": "l1layernorm"}
+           "ILayerNorm": "ilayernorm", "IBertGELU": "ibertgelu", "L1LayerNorm": "l1layernorm",
+           "IBertSoftmax": "ibert_softmax", "LogIntSoftmax": "log_int_softmax"}
 
 
 def flat(text: str) -> str:
@@ -75,3 +76,11 @@ def test_shared_pieces_copied_from_the_docstring():
     from ivit_onnx.opset import _int
 
     assert flat(_int.round_shift.__doc__.split(":")[0]) in text
+
+
+def test_poly_exp_copied_from_the_docstring():
+    from ivit_onnx.opset import poly_exp
+
+    text = flat(README.read_text())
+    for f in formulas(poly_exp.__doc__):
+        assert flat(f) in text, f"README lacks {f!r}"

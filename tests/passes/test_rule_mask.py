@@ -6,6 +6,7 @@ The fill's proof against the Shiftmax reference and ``_mask_reason`` itself: tes
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 from ivit_onnx.passes.rules import RULES, chain, mask
@@ -62,3 +63,24 @@ def test_declines_with_the_reason(case, monkeypatch):
     fq = _graph(**kw)
     monkeypatch.setitem(RULES, "Add", chain.FirstOf(mask.MaskedAdd()))
     declines(fq, "Add", reason)
+
+
+@pytest.mark.parametrize("softmax", ["ibert", "lis"])
+@pytest.mark.parametrize("sum_q, scale", [(None, 0.05), ((0.5, 0), 0.05), (None, 1e-5)])
+def test_masked_entries_are_exactly_zero_with_polynomial_exps(softmax, sum_q, scale):
+    """``--softmax ibert|lis``: the same Where, and their kernels give the masked entries exactly 0 too (with
+    an upscaled grid, a quantized sum, and a fine scale whose grid is shifted down)."""
+    fq = _graph(sum_q=sum_q, scale=scale)
+    feeds = {"s": SCORES["s"] * np.float32(scale / 0.05)}
+    atol = 6 / 256 if softmax == "ibert" else 0.34  # LIS: a level 2**-q differs from p by up to p/2
+    out, report = lowered(fq, feeds, atol, softmax=softmax)
+    ops = op_counts(out)
+    assert report.counts["lower_integer"]["attention mask (Where)"] == 1 and ops.get("Where") == 1
+    kernel = "ai.ivit:" + ("IBertSoftmax" if softmax == "ibert" else "LogIntSoftmax")
+    assert ops.get(kernel) == 1 and "ai.ivit:Shiftmax" not in ops
+    (grid,) = [n for n in out.graph.node if n.op_type == "Requantize" and "exp_grid" in n.name]
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in out.graph.initializer}
+    shift = inits[grid.input[3]].item()
+    assert shift > 0 if scale < 1e-3 else shift == 0  # shifted down / upscaled exactly
+    got = run(out, feeds)[0].reshape(2, 4, 4)
+    assert np.all(got[:, MASKED] == 0) and np.all(run(fq, feeds)[0].reshape(2, 4, 4)[:, MASKED] == 0)

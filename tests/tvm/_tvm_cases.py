@@ -9,6 +9,7 @@ from onnx import helper, numpy_helper
 from ivit_onnx.opset import OPS
 from ivit_onnx.opset.functions import attach_functions
 from ivit_onnx.opset.shift_exp import max_n
+from ivit_onnx.qparams import poly_coefficients
 
 INT_TYPES = (np.int8, np.uint8, np.int16, np.int32)
 #: the PTX wmma multiply of 8-bit operands, by operand dtype (the CUDA tests look for it)
@@ -139,8 +140,27 @@ def l1layernorm(rng, shape):
     return [x, b, c, bias, _scalar(rng, yt)], {"shift_in": shift_in, "p": p, **_qrange(yt)}
 
 
+def poly_softmax(op: str):
+    """IBertSoftmax / LogIntSoftmax: I-BERT's coefficients on grids from 1 to past the converter's, any ``n``
+    within the row's overflow bound, Shiftmax's outputs; LogIntSoftmax with 1..5 level bits."""
+
+    def gen(rng, shape):
+        x = _tensor(rng, shape, rng.choice(INT_TYPES))
+        x0 = int(rng.choice([1, 2, 7, 100, 2**10, 2**11, 2**14]))
+        qb, qc = poly_coefficients(x0)
+        n = int(rng.integers(0, max_n(qb * qb + qc, shape[-1]) + 1))
+        _, bits, zy = _softmax_out(rng)
+        attrs = {"x0": x0, "qb": qb, "qc": qc, "n": n, "bits": bits}
+        if op == "LogIntSoftmax":
+            attrs["log_bits"] = int(rng.integers(1, 6))
+        return [x, zy], attrs
+
+    return gen
+
+
 GENERATORS = {"Requantize": requantize, "IAdd": iadd, "Shiftmax": shiftmax, "ShiftGELU": shiftgelu,
-              "ILayerNorm": ilayernorm, "IBertGELU": ibertgelu, "L1LayerNorm": l1layernorm}
+              "ILayerNorm": ilayernorm, "IBertGELU": ibertgelu, "L1LayerNorm": l1layernorm,
+              "IBertSoftmax": poly_softmax("IBertSoftmax"), "LogIntSoftmax": poly_softmax("LogIntSoftmax")}
 
 
 def one_node_model(op: str, inputs: list, attrs: dict, opset: int = 17,

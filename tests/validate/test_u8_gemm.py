@@ -102,3 +102,33 @@ def test_validate_reports_the_encoding_and_int8_gemm_turns_it_off(tiny, capsys):
     assert "int8 GEMM operand producers re-encoded as uint8 (exact)" in out
     code, out, _ = run_main(capsys, tiny.int, "--backends", "library,functions", "--int8-gemm")
     assert code == 0 and "int8 GEMMs as converted" in out
+
+
+def test_ablation_softmax_outputs_are_re_encoded_exactly():
+    """An int8 IBertSoftmax / LogIntSoftmax feeding P·V writes ``p + 128`` as uint8 like Shiftmax (zero point
+    moved, no clip to move), and the GEMM's output is unchanged."""
+    from ivit_onnx.opset import OPS
+    from tests.opset.oneop import poly_softmax_params
+
+    rng = np.random.default_rng(5)
+    attrs = poly_softmax_params(0.02, 16, 7)
+    for op, extra in (("IBertSoftmax", {}), ("LogIntSoftmax", {"log_bits": 4})):
+        nodes = [OPS[op].make_node(["s", "zp"], ["p"], name="softmax", **attrs, **extra),
+                 OPS["Requantize"].make_node(["v", "zp32", "b", "c", "zp"], ["v8"], name="v8", qmin=-128,
+                                             qmax=127),  # V from a producer that is re-encoded too
+                 helper.make_node("MatMulInteger", ["p", "v8"], ["o"], name="pv")]
+        inits = {"zp": np.int8(0), "zp32": np.int32(0), "b": np.int64(1), "c": np.int64(4)}
+        graph = helper.make_graph(
+            nodes, "pv", [helper.make_tensor_value_info("s", TensorProto.INT32, [2, 16, 16]),
+                          helper.make_tensor_value_info("v", TensorProto.INT32, [2, 16, 8])],
+            [helper.make_tensor_value_info("o", TensorProto.INT32, [2, 16, 8])],
+            initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+        model = attach_functions(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                                   ir_version=10))
+        done = recode(model)
+        assert "softmax" in done.producers and _types(done.model)["p"] == TensorProto.UINT8
+        feeds = {"s": rng.integers(-3000, 3000, (2, 16, 16)).astype(np.int32),
+                 "v": rng.integers(-2048, 2048, (2, 16, 8)).astype(np.int32)}
+        want = OrtRunner(model, "functions", 1).run(feeds)
+        got = OrtRunner(done.model, "library", 1).run(feeds)
+        assert all(np.array_equal(want[k], got[k]) for k in want)

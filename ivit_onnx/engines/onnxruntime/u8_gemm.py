@@ -38,7 +38,7 @@ ZERO_POINT_OF = {("MatMulInteger", 0): 2, ("MatMulInteger", 1): 3, ("Requantize"
 GEMMS = {"MatMulInteger"}
 #: producers whose output type is the type of their zero point (input index), and their clip attributes
 PRODUCERS = {"Requantize": 4, "IAdd": 7, "ShiftGELU": 3, "ILayerNorm": 4, "Shiftmax": 1, "QuantizeLinear": 2,
-             "IBertGELU": 3, "L1LayerNorm": 4}
+             "IBertGELU": 3, "L1LayerNorm": 4, "IBertSoftmax": 1, "LogIntSoftmax": 1}
 
 
 @dataclass

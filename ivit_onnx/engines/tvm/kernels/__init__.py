@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from .frontend import ivit_converters, restore_injective, schedule_row_kernels
 
-#: the private ops that have kernels here (the ablation's IBertGELU and L1LayerNorm too)
-KERNEL_OPS = ("Requantize", "IAdd", "ShiftGELU", "Shiftmax", "ILayerNorm", "IBertGELU", "L1LayerNorm")
+#: the private ops that have kernels here (all of them)
+KERNEL_OPS = ("Requantize", "IAdd", "ShiftGELU", "Shiftmax", "ILayerNorm", "IBertGELU", "L1LayerNorm",
+              "IBertSoftmax", "LogIntSoftmax")
 
 __all__ = ["KERNEL_OPS", "ivit_converters", "restore_injective", "schedule_row_kernels"]

@@ -22,7 +22,7 @@ from ivit_onnx.opset import OPS
 
 from ..relax_expr import const_value, int32_sum
 from ..relax_expr import dtype as _dtype
-from . import arith, elementwise, layout, rows
+from . import arith, elementwise, layout, poly_softmax, rows
 
 #: relay's OpPatternKind: FuseOps never fuses kOpaque; a GEMM (kOutEWiseFusable) takes consumers up to
 #: kBroadcast, but FuseOps refuses a kBroadcast whose argument (the table) does not broadcast: kElemWise
@@ -31,8 +31,11 @@ OPAQUE, ELEMWISE = 8, 0
 #: ``AnnotateTIROpPattern`` calls any data-dependent load opaque, :func:`restore_injective` undoes that
 INJECTIVE_ATTR = "ivit.injective"
 _INT_ATTRS = {op: tuple(spec.attributes) for op, spec in OPS.items()}
-#: the row kernels (:mod:`.rows`) by op type
-ROW_KERNELS = {"Shiftmax": rows.shiftmax, "ILayerNorm": rows.ilayernorm, "L1LayerNorm": rows.l1layernorm}
+#: the row kernels (:mod:`.rows`, :mod:`.poly_softmax`) by op type
+ROW_KERNELS = {"Shiftmax": rows.shiftmax, "ILayerNorm": rows.ilayernorm, "L1LayerNorm": rows.l1layernorm,
+               **poly_softmax.KERNELS}
+#: the softmaxes whose kernels also write their output's row sums for P·V (:meth:`_Import.matmul`)
+ROW_SUM_OPS = ("Shiftmax", *poly_softmax.KERNELS)
 
 
 def _static_last_dim(expr, op: str) -> int:
@@ -66,8 +69,9 @@ class _Import:
 
     - ``Shiftmax(Requantize(x))``: the Requantize (Q·Kᵀ's int8 scores widened to int32) is computed inside
       the row kernel, so the GEMM before it stores int8 and nothing writes int32 to global memory;
-    - ``MatMulInteger(Shiftmax(..) uint8, V)``: a uint8 x uint8 GEMM whose zero-point term needs the row
-      sums of the probabilities, which the row kernel writes too (:meth:`matmul`);
+    - ``MatMulInteger(Shiftmax(..) uint8, V)`` (or IBertSoftmax, LogIntSoftmax): a uint8 x uint8 GEMM whose
+      zero-point term needs the row sums of the probabilities, which the row kernel writes too
+      (:meth:`matmul`);
     - ``Transpose(0,2,1)`` ending the patch embedding's layout round trip: :mod:`.layout`.
     """
 
@@ -91,7 +95,7 @@ class _Import:
 
     def _emit(self, op: str, bb: relax.BlockBuilder, inputs: list, attrs: dict, row_sum: bool = False):
         name = f"ivit_{op.lower()}"
-        extra = {"row_sum": True} if row_sum else {}  # Shiftmax only: see :meth:`matmul`
+        extra = {"row_sum": True} if row_sum else {}  # the softmaxes only: see :meth:`matmul`
         if op == "Requantize":
             return bb.emit_te(elementwise.requantize, *inputs, **attrs, primfunc_name_hint=name)
         if op == "IAdd":
@@ -129,15 +133,17 @@ class _Import:
         )
 
     def matmul(self, bb: relax.BlockBuilder, inputs: list):
-        """MatMulInteger ``P·V`` with A a uint8 Shiftmax output (scalar zero point ``za``) as a uint8 x uint8
-        GEMM, V shifted by +128 if int8 (its zero point ``zv`` with it; not with ``mixed_sign``, where
-        uint8 x int8 is native): ``P·V' - zv·rowsum(P) [- za·colsum(V') + K·za·zv]``, exact mod 2**32. The
-        row sums come from the Shiftmax kernel, so with ``za == 0`` (the rewriter's) no other kernel computes
-        a zero-point term. Else None."""
+        """MatMulInteger ``P·V`` with A a uint8 softmax output (:data:`ROW_SUM_OPS`; scalar zero point ``za``)
+        as a uint8 x uint8 GEMM, V shifted by +128 if int8 (its zero point ``zv`` with it; not with
+        ``mixed_sign``, where uint8 x int8 is native): ``P·V' - zv·rowsum(P) [- za·colsum(V') + K·za·zv]``,
+        exact mod 2**32. The row sums come from the softmax kernel, so with ``za == 0`` (the rewriter's) no
+        other kernel computes a zero-point term. Else None."""
         a, b, za, zb = list(inputs) + [None] * (4 - len(inputs))
         src = self.origin(a)
         za_value = np.zeros((), np.uint8) if za is None else const_value(za)
-        if src is None or src.op != "Shiftmax" or _dtype(a) != "uint8" or _dtype(b) not in ("int8", "uint8"):
+        if src is None or src.op not in ROW_SUM_OPS or _dtype(a) != "uint8":
+            return None
+        if _dtype(b) not in ("int8", "uint8"):
             return None
         if za_value is None or za_value.size != 1:
             return None
@@ -146,7 +152,7 @@ class _Import:
         shift = _dtype(b) == "int8" and not self.mixed_sign
         if not shift and not za_int and zb_value is not None and not np.any(zb_value):
             return bb.emit(op.matmul(a, b, out_dtype="int32"))  # no zero-point term (llvm's u8 x s8)
-        both = self._emit("Shiftmax", bb, list(src.inputs), src.attrs, row_sum=True)
+        both = self._emit(src.op, bb, list(src.inputs), src.attrs, row_sum=True)
         p, sums = bb.emit(relax.TupleGetItem(both, 0)), bb.emit(relax.TupleGetItem(both, 1))
         zv = i32(0) if zb is None else op.astype(zb, "int32")
         if shift:

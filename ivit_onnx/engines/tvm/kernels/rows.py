@@ -41,18 +41,26 @@ def _row(i):
     return i[:-1]
 
 
-def shiftmax(x, zy, consts=None, *, x0: int, n: int, bits: int, row_sum: bool = False):
-    """``opset.shiftmax.reference`` over the last axis (``consts``: :func:`.arith.exp_constants`, or None);
-    with ``row_sum``, ``[y, sum(y) over the row]`` (int32; what P·V's zero-point correction needs)."""
-    shape, rows, length = list(x.shape), list(x.shape[:-1]), x.shape[-1]
+def row_exps(x, exp_of_d):
+    """``(exp, sum)`` of a softmax over the last axis: ``exp(*i)`` the expression ``exp_of_d(x[i] - row max)``
+    (int64, recomputed where read), ``sum`` its row sums (a reduction stage)."""
+    rows, length = list(x.shape[:-1]), x.shape[-1]
     k = te.reduce_axis((0, length), "k")
     mx = te.compute(rows, lambda *r: te.max(x[r + (k,)].astype(I32), axis=k), name="row_max")
 
     def exp(*i):
-        return shift_exp(wide(x[i]) - wide(mx[_row(i)]), x0, n, consts)
+        return exp_of_d(wide(x[i]) - wide(mx[_row(i)]))
 
     k2 = te.reduce_axis((0, length), "k2")
-    total = te.compute(rows, lambda *r: te.sum(exp(*r, k2), axis=k2), name="row_sum")
+    return exp, te.compute(rows, lambda *r: te.sum(exp(*r, k2), axis=k2), name="row_sum")
+
+
+def int_softmax(x, zy, exp_of_d, *, bits: int, row_sum: bool, name: str):
+    """``int_div(e, sum(e), bits) + zy`` over the last axis for ``e = exp_of_d(x - max)`` (Shiftmax's output
+    stage, also IBertSoftmax's); with ``row_sum``, ``[y, sum(y) over the row]`` (int32; what P·V's zero-point
+    correction needs)."""
+    shape, rows = list(x.shape), list(x.shape[:-1])
+    exp, total = row_exps(x, exp_of_d)
     # uint64 (value < 2**62): TVM's StorageRewrite would otherwise reuse the sum's buffer in place, which on
     # cuda is the shared all-reduce result that other threads may still be reading (a race)
     recip = te.compute(
@@ -63,9 +71,17 @@ def shiftmax(x, zy, consts=None, *, x0: int, n: int, bits: int, row_sum: bool = 
         lambda *i: (int_div(exp(*i), wide(recip[_row(i)]), bits) + wide(at(zy, i, shape))).astype(
             str(zy.dtype)
         ),
-        name="ivit_shiftmax",
+        name=name,
     )
     return [y, output_row_sum(y)] if row_sum else y
+
+
+def shiftmax(x, zy, consts=None, *, x0: int, n: int, bits: int, row_sum: bool = False):
+    """``opset.shiftmax.reference`` over the last axis (``consts``: :func:`.arith.exp_constants`, or None);
+    ``row_sum``: see :func:`int_softmax`."""
+    return int_softmax(
+        x, zy, lambda d: shift_exp(d, x0, n, consts), bits=bits, row_sum=row_sum, name="ivit_shiftmax"
+    )
 
 
 def output_row_sum(y: te.Tensor) -> te.Tensor:
