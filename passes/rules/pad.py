@@ -1,4 +1,5 @@
-"""Pad (Swin's window padding) in integers: the same Pad on the integers, padding with the zero point.
+"""Pad (Swin's window padding) in integers: the same Pad on the integers, padding with the zero point (16-bit
+integers widened to int32 first: onnxruntime's Pad has no 16-bit kernel).
 
 A constant pad value ``v`` becomes the integer ``v / s + zp``; only values that are exactly on the grid
 (0, the usual case, is the zero point) are taken, so the padded tensor means what the float one does.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ivit_onnx.affine import dtype_range
+from ivit_onnx.affine import Affine, dtype_range
 
 from ..pattern import Op, Rule
 from .consts import constant_value
@@ -51,6 +52,9 @@ class PadRule(Rule):
         node = m.root
         q = _pad_integer(lw, node)
         it, a = lw.per_tensor(*lw.get(node.inputs[0]))
+        if a.dtype.itemsize == 2:  # onnxruntime's Pad has no 16-bit kernel: the same integers in int32
+            it = lw.node("Cast", [it], np.int32, "widen", attrs={"to": np.int32}, shape=it.shape)
+            a = Affine(a.scale, a.zero_point, np.int32, a.bound)
         extra = list(node.inputs[3:4]) if len(node.inputs) > 3 else []
         pads = constant_value(node.inputs[1], lw.ctx.opset)  # constant pads for TVM, whose Pad needs them
         pads = node.inputs[1] if pads is None else lw.const(pads.astype(np.int64), "pads")

@@ -23,6 +23,17 @@ def test_pad_is_exact_with_the_value_on_the_grid(value, zp):
     assert op_counts(out).get("Pad") == 1 and report.counts["lower_integer"]["Pad (zero point)"] == 1
 
 
+def test_int16_input_is_padded_in_int32():
+    """onnxruntime has no int16 Pad (NNCF leaves Swin's LayerNorm float: its int16 output is padded)."""
+    g = G(opset=21)
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.001, 0, np.int16)
+    g.output(g.qdq(g.node("Pad", [x, g.const(PADS, np.int64)]), 0.001, 0, np.int16))
+    out, _ = lowered(g.model(), {"x": X}, 1e-6)
+    pad = next(n for n in out.graph.node if n.op_type == "Pad")
+    cast = next(n for n in out.graph.node if pad.input[0] in n.output)
+    assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.INT32
+
+
 def test_pads_computed_from_constants_become_one_constant():
     g = G()
     x = g.qdq(g.input("x", [2, 6, 16]), 0.03)
