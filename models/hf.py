@@ -37,12 +37,17 @@ class Family:
     train: dict = field(default_factory=dict)  #: ``make_default.fit`` settings
 
 
-_TRAIN = dict(epochs=6, batch_size=32, lr=2e-3, weight_decay=0.05, warmup_epochs=1, seed=0)
+# epochs: enough for >= 90 % test accuracy (ViT 95.1 %, DeiT 91.6 %, Swin 92.7 %, BERT 99.4 %;
+# 10-30 s each on one thread)
+_TRAIN = dict(epochs=12, batch_size=32, lr=2e-3, weight_decay=0.05, warmup_epochs=1, seed=0)
 
 SPECS = {
     "vit": Family("ViTConfig", "ViTForImageClassification", {**_IMAGE, **_ENCODER}, train=_TRAIN),
     "deit": Family(
-        "DeiTConfig", "DeiTForImageClassificationWithTeacher", {**_IMAGE, **_ENCODER}, train=_TRAIN
+        "DeiTConfig",
+        "DeiTForImageClassificationWithTeacher",
+        {**_IMAGE, **_ENCODER},
+        train=dict(_TRAIN, epochs=20),
     ),
     # windows of 2 on the 4x4 token map: stage 1 shifts them by 1 (the shifted-window mask), stage 2 is one
     # window (HF then drops the shift), as models/digits_swin.py
@@ -57,7 +62,7 @@ SPECS = {
         "BertForSequenceClassification",
         dict(_ENCODER, vocab_size=TEXT_VOCAB, max_position_embeddings=SEQ, num_labels=3),
         task="text-classification",
-        train=dict(_TRAIN, epochs=4, lr=3e-3),
+        train=dict(_TRAIN, epochs=8, lr=3e-3),
     ),
 }
 

@@ -8,6 +8,7 @@ Optimum's own exporter runs in an isolated venv (``hf_optimum.py``).
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 
@@ -38,6 +39,8 @@ def export(model, family: str, path: str | Path, exporter: str, example: dict) -
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
     names = input_names(family)
+    # a copy: tracing mutates HF models (Swin stores a traced window size, which the next export then reads)
+    model = copy.deepcopy(model).eval()
     kwargs = {k: torch.from_numpy(example[k]) for k in names}
     common = dict(input_names=list(names), output_names=[OUTPUT_NAME], dynamic_axes=dynamic_axes(family))
     with warnings.catch_warnings(), torch.no_grad():
@@ -47,14 +50,11 @@ def export(model, family: str, path: str | Path, exporter: str, example: dict) -
                 model, (), str(path), kwargs=kwargs, dynamo=False, opset_version=TORCHSCRIPT_OPSET, **common
             )
         else:
-            default = model.config._attn_implementation
-            model.set_attn_implementation(DYNAMO_ATTENTION.get(family, default))
-            try:
-                torch.onnx.export(
-                    model, (), str(path), kwargs=kwargs, external_data=False, verbose=False, **common
-                )
-            finally:
-                model.set_attn_implementation(default)
+            if family in DYNAMO_ATTENTION:
+                model.set_attn_implementation(DYNAMO_ATTENTION[family])
+            torch.onnx.export(
+                model, (), str(path), kwargs=kwargs, external_data=False, verbose=False, **common
+            )
     m = onnx.load(str(path))
     m.ir_version = min(m.ir_version, IR_VERSION)
     onnx.save(m, str(path))

@@ -49,9 +49,10 @@ VARIANTS = {
 
 def mask_nodes(model: onnx.ModelProto, mask_input: str = "attention_mask") -> list[str]:
     """The nodes ``quantize_static`` must leave float so that an attention mask never sets a quantization
-    scale: every node computing from the integer ``mask_input`` alone (Unsqueeze, Cast, ``1 - mask``,
-    ``* finfo.min``, Where, Expand, Gather, ...), each node where that mask meets the attention scores (Add,
-    or Where for a boolean mask) and the Softmax reading the masked scores. Empty if there is no such input.
+    scale: every node computing from the integer ``mask_input`` without the activations (Unsqueeze, Cast,
+    ``1 - mask``, ``* finfo.min``, Where, Expand, GatherND, ..., with shape arithmetic beside it), each node
+    where that mask meets the activations (the scores' Add, or a Where) and the Softmax reading its output.
+    Empty if the model has no such input.
 
     Why: ``quantize_static`` quantizes the inputs and outputs of every Add/Mul/Where/Softmax it meets, so the
     mask (0 or its fill value: ``finfo.min``, -10000) and the masked scores get an int8 scale that spans
@@ -63,21 +64,30 @@ def mask_nodes(model: onnx.ModelProto, mask_input: str = "attention_mask") -> li
     for node in model.graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    mask = {mask_input} | {i.name for i in model.graph.initializer}
-    mask |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-    excluded: dict[str, None] = {}
-    frontier = [mask_input] if any(i.name == mask_input for i in model.graph.input) else []
-    while frontier:
-        for node in consumers.get(frontier.pop(), []):
-            if node.name in excluded:
-                continue
-            excluded[node.name] = None
-            if all(not i or i in mask for i in node.input):  # still a function of the mask alone: follow it
-                mask.update(node.output)
-                frontier.extend(node.output)
-            else:  # the mask meets the scores: the Softmax reading the sum stays float too
-                for c in (c for o in node.output for c in consumers.get(o, []) if c.op_type == "Softmax"):
-                    excluded[c.name] = None
+
+    def closure(starts: list[str], through) -> set[str]:
+        seen, frontier = set(starts), list(starts)
+        while frontier:
+            for node in consumers.get(frontier.pop(), []):
+                if through(node):
+                    new = [o for o in node.output if o not in seen]
+                    seen.update(new)
+                    frontier.extend(new)
+        return seen
+
+    # activations: what the other inputs flow into, except through shape reads (HF builds the mask's shape
+    # from the embeddings' Shape)
+    others = [i.name for i in model.graph.input if i.name != mask_input]
+    activations = closure(others, lambda n: n.op_type not in ("Shape", "Size"))
+    meets = lambda n: any(i in activations for i in n.input)  # noqa: E731
+    if not any(i.name == mask_input for i in model.graph.input):
+        return []
+    mask = closure([mask_input], lambda n: not meets(n))
+    excluded = {n.name: None for n in model.graph.node if any(i in mask for i in n.input)}
+    for node in [n for n in model.graph.node if n.name in excluded and meets(n)]:
+        excluded.update(
+            {c.name: None for o in node.output for c in consumers.get(o, []) if c.op_type == "Softmax"}
+        )
     return list(excluded)
 
 
