@@ -43,8 +43,8 @@ EXPORTER_TEXT = {
 
 
 def _cell(result: dict) -> str:
-    if result["result"] == "refused":
-        return "refused: " + result["error"].replace("|", "\\|")[:160]
+    if result["result"] != "strict":
+        return f"{result['result']}: " + result["error"].replace("|", "\\|").splitlines()[0][:160]
     return f"strict, cosine {result['cosine']:.4f}, agreement {result['agreement']:.1f} %"
 
 
@@ -62,8 +62,8 @@ def table(results: dict[hm.Case, dict]) -> str:
 
 
 def _rewrite_cli(cli: str, case: hm.Case, path: Path) -> str:
-    """``CLI rewrite PATH -o TMP`` (``--shape`` for BERT where the CLI has it): "converted" or the error."""
-    shapes = hm.input_shapes(case.family) or {}
+    """``CLI rewrite PATH -o TMP`` (with ``--shape`` where the CLI has it): "converted" or the error."""
+    shapes = hm.input_shapes(case.family)
     has_shape = "--shape" in subprocess.run([cli, "rewrite", "--help"], capture_output=True, text=True).stdout
     args = (
         [a for k, v in shapes.items() for a in ("--shape", f"{k}={','.join(map(str, v))}")]
@@ -86,8 +86,9 @@ def status(results: dict[hm.Case, dict], versions: dict, clis: list[str], folder
         "",
         f"Models: transformers {versions.get('transformers')}, small configs (models/hf.py SPECS), "
         f"{'trained' if versions.get('trained') else 'random weights'}; calibration: 256 training examples "
-        "in batches of 32. Each FP32 file is `{family}_{exporter}_fp32.onnx`. BERT is rewritten with "
-        f"`--shape NAME={hm.BATCH},16` for its three inputs where the CLI has `--shape`.",
+        "in batches of 32. Each FP32 file is `{family}_{exporter}_fp32.onnx`. Rewritten with `--shape` where "
+        f"the CLI has it: BERT `NAME={hm.BATCH},16` for its three inputs, the vision models "
+        "`pixel_values=N,1,8,8`.",
         "",
         "Exporters:",
         *[f"- {k}: {v}" for k, v in EXPORTER_TEXT.items()],
@@ -97,8 +98,10 @@ def status(results: dict[hm.Case, dict], versions: dict, clis: list[str], folder
         "",
         "Outcome columns: `CLI rewrite FILE -o /tmp/x.onnx` with " + ", ".join(f"`{c}`" for c in clis) + ".",
         "",
-        "| file | " + " | ".join(f"`{c}`" for c in clis) + " |",
-        "|---|" + "---|" * len(clis),
+        "Last column: `hf_matrix.evaluate` (this process's converter), int vs fake-quant on the test split.",
+        "",
+        "| file | " + " | ".join(f"`{c}`" for c in clis) + " | evaluate |",
+        "|---|" + "---|" * (len(clis) + 1),
     ]
     for case, r in results.items():
         path = folder / f"{case.name}.onnx"
@@ -106,6 +109,7 @@ def status(results: dict[hm.Case, dict], versions: dict, clis: list[str], folder
             cells = [r.get("error", "")[:300]] * len(clis)
         else:
             cells = [_rewrite_cli(c, case, path) for c in clis]
+        cells.append(hm.summary(r)[:300])
         lines.append(f"| {case.name}.onnx | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -129,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             path = shop.fake_quant(case)
             results[case] = hm.evaluate(case, path, shop.data(case.family))
-        except Exception as e:  # a toolkit that fails is a result too
-            results[case] = {"case": case.name, "result": "refused", "error": f"{type(e).__name__}: {e}"}
+        except Exception as e:  # a toolkit, an export or a run that fails is a result too
+            results[case] = {"case": case.name, "result": "failed", "error": f"{type(e).__name__}: {e}"}
         seconds = time.perf_counter() - t
         print(
             f"{case.name}: {hm.summary(results[case])[:200]} ({seconds:.1f} s)", file=sys.stderr, flush=True

@@ -22,7 +22,7 @@ TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  #: BERT's, in H
 SEQ = 16  #: BERT's sentence length (text_task's default; = max_position_embeddings)
 TEXT_VOCAB = 64
 
-_IMAGE = dict(image_size=8, patch_size=2, num_channels=1, num_labels=10)
+IMAGE = dict(image_size=8, patch_size=2, num_channels=1, num_labels=10)
 _ENCODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 
 
@@ -42,11 +42,11 @@ class Family:
 _TRAIN = dict(epochs=12, batch_size=32, lr=2e-3, weight_decay=0.05, warmup_epochs=1, seed=0)
 
 SPECS = {
-    "vit": Family("ViTConfig", "ViTForImageClassification", {**_IMAGE, **_ENCODER}, train=_TRAIN),
+    "vit": Family("ViTConfig", "ViTForImageClassification", {**IMAGE, **_ENCODER}, train=_TRAIN),
     "deit": Family(
         "DeiTConfig",
         "DeiTForImageClassificationWithTeacher",
-        {**_IMAGE, **_ENCODER},
+        {**IMAGE, **_ENCODER},
         train=dict(_TRAIN, epochs=20),
     ),
     # windows of 2 on the 4x4 token map: stage 1 shifts them by 1 (the shifted-window mask), stage 2 is one
@@ -54,7 +54,7 @@ SPECS = {
     "swin": Family(
         "SwinConfig",
         "SwinForImageClassification",
-        dict(_IMAGE, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=2, mlp_ratio=2.0),
+        dict(IMAGE, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=2, mlp_ratio=2.0),
         train=_TRAIN,
     ),
     "bert": Family(

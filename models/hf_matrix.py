@@ -37,20 +37,23 @@ MAX_ACCURACY_DROP = 1.0  #: integer vs fake-quant accuracy, percentage points, o
 BATCH = 50  #: the batch the models run with (divides both test splits: 450 digits, 500 sentences)
 
 
-def input_shapes(family: str) -> dict[str, list[int]] | None:
+def input_shapes(family: str) -> dict[str, list[int | str]]:
     """``rewrite``'s ``input_shapes`` for a family: BERT's mask index arithmetic depends on the batch and the
-    sequence length, so its inputs are made static ([BATCH, SEQ]); the vision models keep a symbolic batch."""
-    from .hf import SEQ, VISION, input_names
+    sequence length, so its inputs are fully static ([BATCH, SEQ]); the vision models keep a symbolic batch
+    ("N") with the image size fixed (Optimum exports height and width as symbols too)."""
+    from .hf import IMAGE, SEQ, VISION, input_names
 
-    return None if family in VISION else {k: [BATCH, SEQ] for k in input_names(family)}
+    if family in VISION:
+        side = IMAGE["image_size"]
+        return {name: ["N", IMAGE["num_channels"], side, side] for name in input_names(family)}
+    return {name: [BATCH, SEQ] for name in input_names(family)}
 
 
 def convert(case: Case, fq_path: str | Path):
     """Strict ``rewrite`` of a case's fake-quant file (with its family's ``input_shapes``)."""
     from ivit_onnx import rewrite
 
-    shapes = input_shapes(case.family)
-    return rewrite(str(fq_path), input_shapes=shapes) if shapes else rewrite(str(fq_path))
+    return rewrite(str(fq_path), input_shapes=input_shapes(case.family))
 
 
 @dataclass(frozen=True)
@@ -208,9 +211,9 @@ def evaluate(case: Case, fq_path: str | Path, split: Data) -> dict:
 
 
 def summary(result: dict) -> str:
-    """One table cell: "strict: cosine 0.998, agreement 100.0 % (412 inputs)" or "refused: <reason>"."""
-    if result["result"] == "refused":
-        return "refused: " + result["error"]
+    """One line: "strict: cosine 0.998, agreement 100.0 % (412 inputs), ..." or "refused: <reason>"."""
+    if result["result"] != "strict":
+        return f"{result['result']}: " + result["error"]
     return (
         f"strict: cosine {result['cosine']:.4f}, agreement {result['agreement']:.2f} % ({result['inputs']} "
         f"inputs), accuracy {result['int_accuracy']:.2f} % vs {result['fq_accuracy']:.2f} %"

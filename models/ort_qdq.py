@@ -51,8 +51,8 @@ def mask_nodes(model: onnx.ModelProto, mask_input: str = "attention_mask") -> li
     """The nodes ``quantize_static`` must leave float so that an attention mask never sets a quantization
     scale: every node computing from the integer ``mask_input`` without the activations (Unsqueeze, Cast,
     ``1 - mask``, ``* finfo.min``, Where, Expand, GatherND, ..., with shape arithmetic beside it), each node
-    where that mask meets the activations (the scores' Add, or a Where) and the Softmax reading its output.
-    Empty if the model has no such input.
+    where that mask meets the activations (the scores' Add or Where; a masked mean pooling's Mul and Div) and
+    the Softmax reading such a node's output. Empty if the model has no such input.
 
     Why: ``quantize_static`` quantizes the inputs and outputs of every Add/Mul/Where/Softmax it meets, so the
     mask (0 or its fill value: ``finfo.min``, -10000) and the masked scores get an int8 scale that spans
