@@ -47,20 +47,16 @@ def _parse(argv):
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--compile-only", action="store_true", help="compile both, print the times, run nothing")
-    p.add_argument(
-        "--no-ort-int",
-        action="store_true",
-        help="check onnxruntime's integer run once for exactness but do not time it (slow)",
-    )
+    p.add_argument("--no-ort-int", action="store_true",
+                   help="check onnxruntime's integer run once for exactness but do not time it (slow)")
     args = p.parse_args(argv)
     if not args.demo and not (args.int_model and args.fp32_model):
         p.error("give INT and FP32 model paths, or --demo")
     return args
 
 
-def demo_models(
-    out: Path, batch: int, tokens: int = 197, dim: int = 192, hidden: int = 768
-) -> tuple[Path, Path]:
+def demo_models(out: Path, batch: int, tokens: int = 197, dim: int = 192,
+                hidden: int = 768) -> tuple[Path, Path]:
     """A DeiT-Tiny-sized MLP + attention-score block, integer (all five private ops) and FP32."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -70,30 +66,13 @@ def demo_models(
     rng = np.random.default_rng(0)
     w1, w2 = (rng.integers(-127, 128, s).astype(np.int8) for s in ((dim, hidden), (hidden, dim)))
     i64 = np.int64
-    c = {
-        "w1": w1,
-        "w2": w2,
-        "x_zp": np.uint8(128),
-        "b1": rng.integers(-(2**12), 2**12, hidden).astype(np.int32),
-        "b2": rng.integers(-(2**12), 2**12, dim).astype(np.int32),
-        "zp32": np.int32(0),
-        "zp8": np.int8(0),
-        "zpu8": np.uint8(0),
-        "m1": np.full(hidden, 1 << 20, i64),
-        "c1": np.full(hidden, 28, i64),
-        "m2": np.full(dim, 1 << 20, i64),
-        "c2": np.full(dim, 29, i64),
-        "gm": i64(1 << 18),
-        "gc": i64(26),
-        "am": i64(3 << 28),
-        "bm": i64(5 << 27),
-        "abc": i64(31),
-        "lnm": np.full(dim, 1 << 20, i64),
-        "lnc": np.full(dim, 36, i64),
-        "lnb": np.zeros(dim, i64),
-        "pm": i64(1 << 20),
-        "pc": i64(28),
-    }
+    c = {"w1": w1, "w2": w2, "x_zp": np.uint8(128),
+         "b1": rng.integers(-2**12, 2**12, hidden).astype(np.int32),
+         "b2": rng.integers(-2**12, 2**12, dim).astype(np.int32), "zp32": np.int32(0), "zp8": np.int8(0),
+         "zpu8": np.uint8(0), "m1": np.full(hidden, 1 << 20, i64), "c1": np.full(hidden, 28, i64),
+         "m2": np.full(dim, 1 << 20, i64), "c2": np.full(dim, 29, i64), "gm": i64(1 << 18), "gc": i64(26),
+         "am": i64(3 << 28), "bm": i64(5 << 27), "abc": i64(31), "lnm": np.full(dim, 1 << 20, i64),
+         "lnc": np.full(dim, 36, i64), "lnb": np.zeros(dim, i64), "pm": i64(1 << 20), "pc": i64(28)}
     q = {"qmin": -128, "qmax": 127}
     nodes = [
         helper.make_node("MatMulInteger", ["x", "w1", "x_zp"], ["a1"]),
@@ -112,52 +91,32 @@ def demo_models(
         OPS["Requantize"].make_node(["o", "zp32", "pm", "pc", "zp8"], ["y"], **q),
     ]
     shape = [batch, tokens, dim]
-    g = helper.make_graph(
-        nodes,
-        "demo_int",
-        [helper.make_tensor_value_info("x", TensorProto.UINT8, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.INT8, shape)],
-        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in c.items()],
-    )
+    g = helper.make_graph(nodes, "demo_int", [helper.make_tensor_value_info("x", TensorProto.UINT8, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.INT8, shape)],
+                          initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in c.items()])
     int_model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     attach_functions(int_model)
 
-    f = {
-        "w1": (w1 / 127).astype(np.float32),
-        "w2": (w2 / 127).astype(np.float32),
-        "b1": np.zeros(hidden, np.float32),
-        "b2": np.zeros(dim, np.float32),
-        "half": np.float32(0.5),
-        "one": np.float32(1),
-        "rsqrt2": np.float32(2**-0.5),
-        "gamma": np.ones(dim, np.float32),
-        "beta": np.zeros(dim, np.float32),
-    }
+    f = {"w1": (w1 / 127).astype(np.float32), "w2": (w2 / 127).astype(np.float32),
+         "b1": np.zeros(hidden, np.float32), "b2": np.zeros(dim, np.float32), "half": np.float32(0.5),
+         "one": np.float32(1), "rsqrt2": np.float32(2**-0.5), "gamma": np.ones(dim, np.float32),
+         "beta": np.zeros(dim, np.float32)}
     fnodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["a1"]),
-        helper.make_node("Add", ["a1", "b1"], ["h1"]),
-        helper.make_node("Mul", ["h1", "rsqrt2"], ["t"]),
-        helper.make_node("Erf", ["t"], ["e"]),
-        helper.make_node("Add", ["e", "one"], ["e1"]),
-        helper.make_node("Mul", ["h1", "half"], ["hh"]),
+        helper.make_node("MatMul", ["x", "w1"], ["a1"]), helper.make_node("Add", ["a1", "b1"], ["h1"]),
+        helper.make_node("Mul", ["h1", "rsqrt2"], ["t"]), helper.make_node("Erf", ["t"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h1", "half"], ["hh"]),
         helper.make_node("Mul", ["hh", "e1"], ["g"]),
-        helper.make_node("MatMul", ["g", "w2"], ["a2"]),
-        helper.make_node("Add", ["a2", "b2"], ["h2"]),
+        helper.make_node("MatMul", ["g", "w2"], ["a2"]), helper.make_node("Add", ["a2", "b2"], ["h2"]),
         helper.make_node("Add", ["h2", "x"], ["r"]),
         helper.make_node("LayerNormalization", ["r", "gamma", "beta"], ["n"], axis=-1),
         helper.make_node("Transpose", ["n"], ["nt"], perm=[0, 2, 1]),
-        helper.make_node("MatMul", ["n", "nt"], ["s"]),
-        helper.make_node("Softmax", ["s"], ["prob"], axis=-1),
+        helper.make_node("MatMul", ["n", "nt"], ["s"]), helper.make_node("Softmax", ["s"], ["prob"], axis=-1),
         helper.make_node("MatMul", ["prob", "n"], ["y"]),
     ]
     fx = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
-    fg = helper.make_graph(
-        fnodes,
-        "demo_fp32",
-        [fx],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in f.items()],
-    )
+    fg = helper.make_graph(fnodes, "demo_fp32", [fx],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                           initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in f.items()])
     fp32_model = helper.make_model(fg, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     paths = out / "demo_int.onnx", out / "demo_fp32.onnx"
     onnx.save(int_model, paths[0])
@@ -201,12 +160,8 @@ def _tvm_runner(path: Path, specs, feeds, trials: int, tune_dir: Path):
 
     t0 = time.perf_counter()
     reuse = (tune_dir / "database_workload.json").exists()
-    art = compile_model(
-        path,
-        shape={k: v[0] for k, v in specs.items()},
-        tune_trials=trials,
-        tune_db=tune_dir if trials or reuse else None,
-    )
+    art = compile_model(path, shape={k: v[0] for k, v in specs.items()}, tune_trials=trials,
+                        tune_db=tune_dir if trials or reuse else None)
     seconds = time.perf_counter() - t0
     vm = relax.VirtualMachine(art.module, tvm.cpu())
     args = [tvm.runtime.tensor(feeds[i["name"]]) for i in art.inputs]
@@ -267,38 +222,27 @@ def main(argv=None) -> int:
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))  # read when TVM's thread pool starts
     work = Path(tempfile.mkdtemp(prefix="ivit_bench_tvm_"))
     tune_dir = args.tune_dir or work / "tune"
-    int_path, fp32_path = (
-        demo_models(work, args.batch) if args.demo else (Path(args.int_model), Path(args.fp32_model))
-    )
+    int_path, fp32_path = (demo_models(work, args.batch) if args.demo
+                           else (Path(args.int_model), Path(args.fp32_model)))
     int_model, fp32_model = onnx.load(str(int_path)), onnx.load(str(fp32_path))
     rng = np.random.default_rng(0)
     int_specs, fp32_specs = input_specs(int_model, args.batch), input_specs(fp32_model, args.batch)
     fp32_feeds = random_inputs(fp32_specs, rng)
-    int_feeds = {
-        k: fp32_feeds[k] if k in fp32_feeds and fp32_specs[k] == v else random_inputs({k: v}, rng)[k]
-        for k, v in int_specs.items()
-    }
+    int_feeds = {k: fp32_feeds[k] if k in fp32_feeds and fp32_specs[k] == v else random_inputs({k: v}, rng)[k]
+                 for k, v in int_specs.items()}
 
-    tvm_int, tvm_int_out, int_s, int_dots = _tvm_runner(
-        int_path, int_specs, int_feeds, args.trials, tune_dir / "int"
-    )
+    tvm_int, tvm_int_out, int_s, int_dots = _tvm_runner(int_path, int_specs, int_feeds, args.trials,
+                                                        tune_dir / "int")
     tvm_fp32, _, fp32_s, _ = _tvm_runner(fp32_path, fp32_specs, fp32_feeds, args.trials, tune_dir / "fp32")
     compile_line = (
         f"compile (llvm, int first in this process): int {int_s:.1f} s, fp32 {fp32_s:.1f} s, "
         f"int/fp32 {int_s / fp32_s:.2f}x"
     )
     if args.compile_only:  # again, each, with the process warm: the first build also pays one-off costs
-        again = [
-            _tvm_runner(p, sp, fd, args.trials, tune_dir / k)[2]
-            for p, sp, fd, k in (
-                (int_path, int_specs, int_feeds, "int"),
-                (fp32_path, fp32_specs, fp32_feeds, "fp32"),
-            )
-        ]
-        print(
-            f"batch {args.batch}, {args.trials} trials per model; {compile_line}; warm: "
-            f"int {again[0]:.1f} s, fp32 {again[1]:.1f} s, int/fp32 {again[0] / again[1]:.2f}x"
-        )
+        again = [_tvm_runner(p, sp, fd, args.trials, tune_dir / k)[2] for p, sp, fd, k in
+                 ((int_path, int_specs, int_feeds, "int"), (fp32_path, fp32_specs, fp32_feeds, "fp32"))]
+        print(f"batch {args.batch}, {args.trials} trials per model; {compile_line}; warm: "
+              f"int {again[0]:.1f} s, fp32 {again[1]:.1f} s, int/fp32 {again[0] / again[1]:.2f}x")
         return 0
     ort_fp32 = _ort_runner(fp32_path, fp32_feeds, args.threads)
     from ivit_onnx.opset.functions import attach_functions
@@ -314,33 +258,22 @@ def main(argv=None) -> int:
     times = measure(runners, args.iters, args.warmup)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     tuning = f"{args.trials} new trials per model" + (" + stored database" if args.tune_dir else "")
-    print(
-        f"batch {args.batch}, {args.threads} threads, {tuning}, {args.iters} rounds; "
-        f"{compile_line}; TVM int == ORT int bit-exact: {exact}"
-    )
+    print(f"batch {args.batch}, {args.threads} threads, {tuning}, {args.iters} rounds; "
+          f"{compile_line}; TVM int == ORT int bit-exact: {exact}")
     print(f"{'runner':<18}{'median ms':>11}{'p10':>9}{'p90':>9}{'vs ort fp32':>13}")
     for name, v in times.items():
         q = statistics.quantiles([x * 1e3 for x in v], n=10) if len(v) > 1 else [med[name]] * 9
         print(f"{name:<18}{med[name]:>11.2f}{q[0]:>9.2f}{q[-1]:>9.2f}{med[name] / med['ort fp32']:>12.2f}x")
-    print(
-        f"tvm int / tvm fp32: {med['tvm int'] / med['tvm fp32']:.2f}x; {cpu_model()}, "
-        f"{os.cpu_count()} CPUs, "
-        f"1-min load {load_before:.2f} before / {os.getloadavg()[0]:.2f} after the timed rounds; "
-        f"dot-product instructions in the int build: "
-        f"{', '.join(f'{k} {v}' for k, v in int_dots.items())}"
-    )
+    print(f"tvm int / tvm fp32: {med['tvm int'] / med['tvm fp32']:.2f}x; {cpu_model()}, "
+          f"{os.cpu_count()} CPUs, "
+          f"1-min load {load_before:.2f} before / {os.getloadavg()[0]:.2f} after the timed rounds; "
+          f"dot-product instructions in the int build: "
+          f"{', '.join(f'{k} {v}' for k, v in int_dots.items())}")
     if args.json:
-        result = {
-            "batch": args.batch,
-            "threads": args.threads,
-            "trials": args.trials,
-            "compile_s": {"int": int_s, "fp32": fp32_s},
-            "bit_exact": exact,
-            "median_ms": med,
-            "cpu": cpu_model(),
-            **int_dots,
-            "models": [str(int_path), str(fp32_path)],
-        }
+        result = {"batch": args.batch, "threads": args.threads, "trials": args.trials,
+                  "compile_s": {"int": int_s, "fp32": fp32_s}, "bit_exact": exact, "median_ms": med,
+                  "cpu": cpu_model(), **int_dots,
+                  "models": [str(int_path), str(fp32_path)]}
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0 if exact else 1
 

@@ -75,19 +75,15 @@ BODIES = "int: function bodies"
 def runners(paths: dict[str, Path], threads: int, steps: bool = False, bodies: bool = True) -> dict:
     """The runners, by label; ``steps`` adds the library without each session-time step (what each buys)."""
     fp32, fq, integer = (onnx.load(paths[k]) for k in ("fp32", "fq", "int"))
-    out = {
-        FP32: OrtRunner(fp32, "onnxruntime", threads),
-        "fake-quant QDQ (onnxruntime)": OrtRunner(fq, "onnxruntime", threads),
-        LIBRARY: OrtRunner(integer, "library", threads),
-    }
+    out = {FP32: OrtRunner(fp32, "onnxruntime", threads),
+           "fake-quant QDQ (onnxruntime)": OrtRunner(fq, "onnxruntime", threads),
+           LIBRARY: OrtRunner(integer, "library", threads)}
     if steps:  # each row drops one more session-time rewrite
         off: dict = {}
-        for label, flag in (
-            ("int: library, no chain fold", "chain_fold"),
-            ("int: + no patch GEMM", "patch_gemm"),
-            ("int: + no bias fold", "bias_fold"),
-            ("int: + int8 GEMMs (no u8 re-encoding)", "u8_gemm"),
-        ):
+        for label, flag in (("int: library, no chain fold", "chain_fold"),
+                            ("int: + no patch GEMM", "patch_gemm"),
+                            ("int: + no bias fold", "bias_fold"),
+                            ("int: + int8 GEMMs (no u8 re-encoding)", "u8_gemm")):
             off[flag] = False
             out[label] = OrtRunner(integer, "library", threads, **off)
     if bodies:
@@ -98,10 +94,8 @@ def runners(paths: dict[str, Path], threads: int, steps: bool = False, bodies: b
 def peers(paths: dict[str, Path], threads: int, feeds: dict) -> dict:
     """OpenVINO FP32 on the FP32 model and OpenVINO on the fake-quant QDQ model (its int8 path); each is
     skipped with a note by :func:`ivit_onnx.bench.bench` when openvino is missing or refuses the model."""
-    return {
-        "fp32 (openvino)": bench.openvino_peer(paths["fp32"], threads, feeds),
-        "fake-quant QDQ (openvino int8)": bench.openvino_peer(paths["fq"], threads, feeds, int8=True),
-    }
+    return {"fp32 (openvino)": bench.openvino_peer(paths["fp32"], threads, feeds),
+            "fake-quant QDQ (openvino int8)": bench.openvino_peer(paths["fq"], threads, feeds, int8=True)}
 
 
 def cpu_model() -> str:
@@ -163,25 +157,17 @@ def profile(model: onnx.ModelProto, backend: str, x: np.ndarray, threads: int, i
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "ivit_bench_validate"))
-    ap.add_argument(
-        "--model",
-        default="deit_tiny,deit_small",
-        help="comma list of deit_tiny, deit_small, deit_base, swin_tiny (default: deit_tiny,deit_small)",
-    )
+    ap.add_argument("--model", default="deit_tiny,deit_small",
+                    help="comma list of deit_tiny, deit_small, deit_base, swin_tiny "
+                         "(default: deit_tiny,deit_small)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10, help="timed rounds (default 10)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
-    ap.add_argument(
-        "--steps",
-        action="store_true",
-        help="also time the library without each session-time rewrite, one more per row",
-    )
-    ap.add_argument(
-        "--bodies-once",
-        action="store_true",
-        help="run the function bodies once, for the bit-exactness check only (they are slow)",
-    )
+    ap.add_argument("--steps", action="store_true",
+                    help="also time the library without each session-time rewrite, one more per row")
+    ap.add_argument("--bodies-once", action="store_true",
+                    help="run the function bodies once, for the bit-exactness check only (they are slow)")
     ap.add_argument("--profile", action="store_true", help="also print the per-op-type profile")
     ap.add_argument("--no-peers", action="store_true", help="do not time the OpenVINO peers")
     ap.add_argument("--json", metavar="FILE", help="also write every model's results here")
@@ -213,21 +199,12 @@ def run_model(args, name: str, paths: dict[str, Path]) -> bench.Report:
     if not args.no_peers:
         candidates.update(peers(paths, args.threads, feeds))
     title = f"\n{name} 224², batch {args.batch}, {args.threads} threads"
-    report = bench.bench(
-        candidates,
-        feeds=feeds,
-        batch=args.batch,
-        iters=args.iters,
-        warmup=args.warmup,
-        baseline=FP32,
-        threads=args.threads,
-        title=title,
-    )
+    report = bench.bench(candidates, feeds=feeds, batch=args.batch, iters=args.iters, warmup=args.warmup,
+                         baseline=FP32, threads=args.threads, title=title)
     bodies = rs[BODIES] if BODIES in rs else OrtRunner(onnx.load(paths["int"]), "functions", args.threads)
     names = rs[LIBRARY].output_names
-    report.exact["library"] = bench.same_bits(
-        bench.as_list(rs[LIBRARY].run(feeds), names), bench.as_list(bodies.run(feeds), names)
-    )
+    report.exact["library"] = bench.same_bits(bench.as_list(rs[LIBRARY].run(feeds), names),
+                                              bench.as_list(bodies.run(feeds), names))
     print(report.text(device=False))
     ratio = report.row(LIBRARY).ratio
     verdict = "met" if ratio <= 0.67 else "MISSED"
@@ -235,11 +212,9 @@ def run_model(args, name: str, paths: dict[str, Path]) -> bench.Report:
     print(f"library: {rs[LIBRARY].describe()}")
     if args.profile:
         integer = onnx.load(paths["int"])
-        for label, model, backend in (
-            ("fp32", onnx.load(paths["fp32"]), "onnxruntime"),
-            ("int: function bodies", integer, "functions"),
-            ("int: custom-op library", integer, "library"),
-        ):
+        for label, model, backend in (("fp32", onnx.load(paths["fp32"]), "onnxruntime"),
+                                      ("int: function bodies", integer, "functions"),
+                                      ("int: custom-op library", integer, "library")):
             prof = profile(model, backend, x, args.threads)
             total = sum(prof["by_op"].values())
             print(f"\nprofile {label}: {total:.1f} ms of kernel time per batch")
