@@ -67,15 +67,13 @@ SPECS = {
 }
 
 
-def build(family: str, seed: int = 0, attention: str | None = None):
-    """The ``transformers`` model of ``family`` with seeded random weights, in eval mode; ``attention``:
-    ``"eager"`` or ``"sdpa"`` (None: transformers' default, sdpa)."""
+def build(family: str, seed: int = 0):
+    """The ``transformers`` model of ``family`` with seeded random weights (transformers' default attention,
+    SDPA), in eval mode."""
     import transformers
 
     spec = SPECS[family]
     config = getattr(transformers, spec.config_class)(**spec.config)
-    if attention is not None:
-        config._attn_implementation = attention
     torch.manual_seed(seed)
     return getattr(transformers, spec.model_class)(config).eval()
 
@@ -133,22 +131,10 @@ def _pack(feeds: dict[str, np.ndarray], names: tuple[str, ...]) -> np.ndarray:
 
 def train(model, family: str, split: Data, log: bool = False):
     """Fit every weight for a few epochs (AdamW, warmup, cosine; deterministic on one thread); eval mode."""
-    from .make_default import fit
+    from .make_default import deterministic, fit
 
     names = input_names(family)
-    deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    try:
+    with deterministic(1):
         torch.manual_seed(SPECS[family].train["seed"])
         fit(_Logits(model, names), _pack(split.train, names), split.y_train, SPECS[family].train, log)
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
-        torch.set_num_threads(threads)
     return model.eval()
-
-
-def torch_logits(model, family: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    """The model's logits on ``feeds`` in torch (the reference for the FP32 exports)."""
-    with torch.no_grad():
-        return model(**{k: torch.from_numpy(v) for k, v in feeds.items()}).logits.numpy()
