@@ -12,12 +12,14 @@ made and the exact conversion outcome.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import ivit_onnx
 from ivit_onnx.models import hf_matrix as hm
 
 QUANTIZER_TEXT = {
@@ -42,10 +44,15 @@ EXPORTER_TEXT = {
 }
 
 
-def _cell(result: dict) -> str:
-    if result["result"] != "strict":
-        return f"{result['result']}: " + result["error"].replace("|", "\\|").splitlines()[0][:160]
-    return f"strict, cosine {result['cosine']:.4f}, agreement {result['agreement']:.1f} %"
+def _cell(case: hm.Case, result: dict) -> str:
+    """strict with its numbers; an expected refusal by the tensor it names; else the first line."""
+    if result["result"] == "strict":
+        return f"strict, cosine {result['cosine']:.4f}, agreement {result['agreement']:.1f} %"
+    error = result["error"].splitlines()[0]
+    tensor = re.search(r"tensor '([^']+)'", error)
+    if case.refusal and result["result"] == "refused" and tensor:
+        return f"refused as it should: quantized mask (`{tensor.group(1)}`)"
+    return f"{result['result']}: " + error.replace("|", "\\|")[:120]
 
 
 def table(results: dict[hm.Case, dict]) -> str:
@@ -56,7 +63,7 @@ def table(results: dict[hm.Case, dict]) -> str:
         cells = []
         for q in quantizers:
             case = hm.Case(family, exporter, q)
-            cells.append(_cell(results[case]) if case in results else "–")
+            cells.append(_cell(case, results[case]) if case in results else "–")
         rows.append(f"| {family} | {exporter} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -98,7 +105,8 @@ def status(results: dict[hm.Case, dict], versions: dict, clis: list[str], folder
         "",
         "Outcome columns: `CLI rewrite FILE -o /tmp/x.onnx` with " + ", ".join(f"`{c}`" for c in clis) + ".",
         "",
-        "Last column: `hf_matrix.evaluate` (this process's converter), int vs fake-quant on the test split.",
+        f"Last column: `hf_matrix.evaluate` with the converter at {Path(ivit_onnx.__file__).parent}, "
+        "int vs fake-quant on the test split.",
         "",
         "| file | " + " | ".join(f"`{c}`" for c in clis) + " | evaluate |",
         "|---|" + "---|" * (len(clis) + 1),

@@ -184,8 +184,9 @@ def margins(logits: np.ndarray) -> np.ndarray:
 
 
 def evaluate(case: Case, fq_path: str | Path, split: Data) -> dict:
-    """Convert strictly and compare with the fake-quant model: {"case", "result": "strict" | "refused",
-    "error", "float_offenders", "cosine", "agreement", "inputs", "fq_accuracy", "int_accuracy"}."""
+    """Convert strictly and compare with the fake-quant model: {"case", "result", "error", "float_offenders",
+    "cosine", "agreement", "inputs", "fq_accuracy", "int_accuracy"}; "result" is "strict", "refused" (a
+    ConversionError) or "unrunnable" (converted, but onnxruntime cannot run the integer model)."""
     from ivit_onnx import ConversionError
     from ivit_onnx.certify import float_offenders
 
@@ -196,7 +197,11 @@ def evaluate(case: Case, fq_path: str | Path, split: Data) -> dict:
         model, _ = convert(case, fq_path)
     except ConversionError as e:
         return {**out, "error": str(e)}
-    fq, integer = _logits(str(fq_path), split.test), _logits(model, split.test)
+    fq = _logits(str(fq_path), split.test)
+    try:
+        integer = _logits(model, split.test)
+    except Exception as e:  # onnxruntime's errors have no common base class
+        return {**out, "result": "unrunnable", "error": f"{type(e).__name__}: {e}"}
     keep = margins(fq)
     return {
         **out,
