@@ -9,6 +9,7 @@ the JSON with preprocessing, split, configuration and the measured accuracies.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -36,17 +37,23 @@ EXPORT_CONFIG = dict(exporter="dynamo", opset=17)
 CALIB_BATCH = 256
 
 
+@contextlib.contextmanager
+def deterministic(threads: int):
+    """Deterministic torch algorithms on ``threads`` threads inside the block; the settings restored after."""
+    was, before = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
+        torch.set_num_threads(before)
+
+
 def train_digits_vit(x: np.ndarray, y: np.ndarray, log: bool = True) -> VisionTransformer:
     """Train the digits ViT with AdamW, linear warmup and cosine decay; deterministic for a fixed seed."""
-    cfg = TRAIN_CONFIG
-    deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(cfg["threads"])
-    try:
-        return _train(x, y, cfg, log)
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
-        torch.set_num_threads(threads)
+    with deterministic(TRAIN_CONFIG["threads"]):
+        return _train(x, y, TRAIN_CONFIG, log)
 
 
 def _train(x: np.ndarray, y: np.ndarray, cfg: dict, log: bool) -> VisionTransformer:

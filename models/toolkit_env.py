@@ -1,4 +1,4 @@
-"""An isolated virtualenv for the ONNX toolkits whose pins clash with the project's (ModelOpt, Quark).
+"""Isolated virtualenvs for the toolkits whose pins clash with the project's (ModelOpt, Quark; Optimum).
 
 nvidia-modelopt 0.47 wants onnx~=1.21 and onnxruntime-gpu (CUDA); amd-quark 0.13 wants onnx<=1.22. The
 project pins onnx 1.23 and onnxruntime 1.31, so both run here in their own venv, built once and cached
@@ -6,6 +6,11 @@ project pins onnx 1.23 and onnxruntime 1.31, so both run here in their own venv,
 two toolkits without their CUDA extras, and a ``.pth`` that appends the project venv's site-packages
 after its own, so ``import torch`` (which ModelOpt's ONNX path needs) finds the project's CPU torch
 instead of installing another one. Nothing in the project venv changes.
+
+optimum-onnx 0.1.0 (Optimum's ONNX exporter and ``ORTQuantizer``) declares ``transformers<4.58`` and
+``optimum~=2.1.0``, while the project's ``hf`` extra pins transformers 5.24: it gets its own venv
+(``OPTIMUM``) with transformers 4.57.6 and its hub/tokenizers pins, and the project's torch, onnx,
+onnxruntime and numpy through the same ``.pth`` (a constraints file keeps pip from installing others).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +59,25 @@ SCRIPT = Path(__file__).with_name("toolkit_onnx_ptq.py")
 RECIPES = ("modelopt", "modelopt_all_gemms", "quark")  #: what ``onnx_ptq`` runs (the script's TOOLS)
 
 
+@dataclass(frozen=True)
+class Env:
+    """One isolated venv: ``pins`` installed with their dependencies (the project's torch, onnx,
+    onnxruntime and numpy count as installed and are never replaced), then ``no_deps`` without them."""
+
+    name: str
+    pins: tuple[str, ...]
+    no_deps: tuple[str, ...] = ()
+
+
+ONNX_PTQ = Env("toolkits-onnx", PINS, tuple(TOOLS.values()))
+#: optimum-onnx 0.1.0: transformers<4.58 (the hf extra has 5.24), optimum~=2.1.0, huggingface-hub<1.0
+OPTIMUM = Env(
+    "toolkits-optimum",
+    ("optimum-onnx==0.1.0", "optimum==2.1.0", "transformers==4.57.6", "huggingface-hub==0.36.2"),
+)
+KEEP = ("torch", "onnx", "onnxruntime", "numpy")  #: the project's, seen through the .pth, never reinstalled
+
+
 class ToolkitEnvError(RuntimeError):
     """The isolated environment could not be built (the message ends with pip's last lines)."""
 
@@ -61,10 +86,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("IVIT_TOOLKIT_CACHE") or Path.home() / ".cache" / "ivit-onnx")
 
 
-def _venv_dir() -> Path:
+def _venv_dir(env: Env) -> Path:
     """One venv per pin set and per project venv (the ``.pth`` points into it)."""
-    key = json.dumps([PINS, sorted(TOOLS.values()), sysconfig.get_paths()["purelib"], sys.version])
-    return cache_dir() / f"toolkits-onnx-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    key = [env.pins, sorted(env.no_deps), sysconfig.get_paths()["purelib"], sys.version]
+    if env is not ONNX_PTQ:  # the ONNX toolkits' venv keeps the name it was cached under
+        key.append(env.name)
+    return cache_dir() / f"{env.name}-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]}"
 
 
 def _pip(python: Path, *args: str) -> None:
@@ -76,16 +103,30 @@ def _pip(python: Path, *args: str) -> None:
 
 def _prune() -> None:
     """Remove cached venvs whose project venv is gone (each checkout's venv gets its own, ~600 MB)."""
-    for old in cache_dir().glob("toolkits-onnx-*"):
+    for old in cache_dir().glob("toolkits-*-*"):
         done = old / ".complete"
         project = done.read_text().splitlines()[0] if done.exists() else ""
         if not project or not Path(project).is_dir():
             shutil.rmtree(old, ignore_errors=True)
 
 
-def env_python() -> Path:
+def _constraints(path: Path) -> Path:
+    """A pip constraints file holding ``KEEP`` at the project venv's versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    lines = []
+    for dist in KEEP:
+        try:
+            lines.append(f"{dist}=={version(dist)}")
+        except PackageNotFoundError:
+            pass
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def env_python(env: Env = ONNX_PTQ) -> Path:
     """The isolated venv's python, building the venv first if it is not cached (about 30 s)."""
-    venv = _venv_dir()
+    venv = _venv_dir(env)
     python = venv / "bin" / "python"
     if (venv / ".complete").exists():
         return python
@@ -99,8 +140,6 @@ def env_python() -> Path:
             )
             if r.returncode:
                 raise ToolkitEnvError(f"python -m venv {venv} failed: {r.stderr.strip()[-300:]}")
-            _pip(python, *PINS)
-            _pip(python, "--no-deps", *TOOLS.values())
             purelib = subprocess.run(
                 [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                 capture_output=True,
@@ -108,9 +147,24 @@ def env_python() -> Path:
                 check=True,
             ).stdout.strip()
             project = sysconfig.get_paths()["purelib"]
-            (Path(purelib) / "zz_ivit_project_venv.pth").write_text(project + "\n")
-            (venv / ".complete").write_text("\n".join((project, *PINS, *TOOLS.values())) + "\n")
+            if env is not ONNX_PTQ:  # the project's packages count as installed from the start
+                (Path(purelib) / "zz_ivit_project_venv.pth").write_text(project + "\n")
+                _pip(python, "-c", str(_constraints(venv / "constraints.txt")), *env.pins)
+            else:  # its pins replace the project's onnx/onnxruntime, so the .pth comes after them
+                _pip(python, *env.pins)
+                _pip(python, "--no-deps", *env.no_deps)
+                (Path(purelib) / "zz_ivit_project_venv.pth").write_text(project + "\n")
+            (venv / ".complete").write_text("\n".join((project, *env.pins, *env.no_deps)) + "\n")
     return python
+
+
+def run_script(env: Env, script: Path, *args: str, cwd: str | Path) -> dict:
+    """Run a toolkit ``script`` with ``args`` in ``env``'s python; returns the JSON on its last line."""
+    r = subprocess.run([str(env_python(env)), str(script), *args], capture_output=True, text=True, cwd=cwd)
+    if r.returncode:
+        tail = " | ".join(r.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"{script.stem} {args[0]} failed: {tail}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def onnx_ptq(tool: str, fp32_path: str | Path, calib: np.ndarray, out_path: str | Path) -> dict:
@@ -118,16 +172,7 @@ def onnx_ptq(tool: str, fp32_path: str | Path, calib: np.ndarray, out_path: str 
     versions it ran with ({"tool": ..., "version": ..., "onnx": ..., "onnxruntime": ...})."""
     if tool not in RECIPES:
         raise ValueError(f"tool must be one of {RECIPES}, got {tool!r}")
-    python = env_python()
     with tempfile.TemporaryDirectory() as tmp:
         calib_path = Path(tmp) / "calib.npy"
         np.save(calib_path, np.ascontiguousarray(calib, np.float32))
-        r = subprocess.run(
-            [str(python), str(SCRIPT), tool, str(fp32_path), str(calib_path), str(out_path)],
-            capture_output=True,
-            text=True,
-            cwd=tmp,
-        )
-    if r.returncode:
-        raise RuntimeError(f"{tool} failed: {' | '.join(r.stderr.strip().splitlines()[-3:])}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+        return run_script(ONNX_PTQ, SCRIPT, tool, str(fp32_path), str(calib_path), str(out_path), cwd=tmp)

@@ -1,0 +1,229 @@
+"""The Hugging Face test matrix, in one place: family x exporter x quantizer cases, the files each one needs,
+and what converting it gives (``tests/hf`` asserts it; ``benchmarks/hf_table.py`` prints it).
+
+A case's fake-quant file is ``{family}_{exporter}_{quantizer}.onnx`` and its FP32 export
+``{family}_{exporter}_fp32.onnx``, in one folder (:class:`Workshop` makes them, each once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .hf import FAMILIES, Data
+
+EXPORTERS = ("torchscript", "dynamo", "optimum")
+#: quantizers every export gets (hf_quant.QUANTIZERS' keys); Optimum's quantizer runs on Optimum's export,
+#: the BERT mask recipe on BERT
+QUANTIZERS = ("ort_default", "ort_int8", "nncf_default", "nncf_transformer")
+#: quantizers that put BERT's attention mask (its fill value, finfo.min) inside a quantized tensor's scale:
+#: onnxruntime without the recipe (defaults and int8 options alike) and NNCF's defaults. The fake-quant model
+#: itself has lost the scores there, so the right outcome is a one-line refusal that names the tensor, says
+#: it is the mask with its fill value, and points to the recipe (docs/conversion.md's anchor below)
+MASK_QUANTIZERS = ("ort_default", "ort_int8", "nncf_default")
+MASK_REFUSAL = (r"mask", r"fill value", r"attention-masks-and-quantizers")
+
+# bounds the tests assert (on test inputs whose fake-quant top-1 margin is at least MARGIN logit std devs)
+MIN_COSINE = 0.99
+MIN_AGREEMENT = 99.0
+MARGIN = 0.25
+MAX_ACCURACY_DROP = 1.0  #: integer vs fake-quant accuracy, percentage points, on the whole test split
+BATCH = 50  #: the batch the models run with (divides both test splits: 450 digits, 500 sentences)
+
+
+def input_shapes(family: str) -> dict[str, list[int | str]]:
+    """``rewrite``'s ``input_shapes`` for a family: BERT's mask index arithmetic depends on the batch and the
+    sequence length, so its inputs are fully static ([BATCH, SEQ]); the vision models keep a symbolic batch
+    ("N") with the image size fixed (Optimum exports height and width as symbols too)."""
+    from .hf import IMAGE, SEQ, VISION, input_names
+
+    if family in VISION:
+        side = IMAGE["image_size"]
+        return {name: ["N", IMAGE["num_channels"], side, side] for name in input_names(family)}
+    return {name: [BATCH, SEQ] for name in input_names(family)}
+
+
+def convert(case: Case, fq_path: str | Path):
+    """Strict ``rewrite`` of a case's fake-quant file (with its family's ``input_shapes``)."""
+    from ivit_onnx import rewrite
+
+    return rewrite(str(fq_path), input_shapes=input_shapes(case.family))
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    exporter: str
+    quantizer: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}_{self.exporter}_{self.quantizer}"
+
+    @property
+    def fp32_name(self) -> str:
+        return f"{self.family}_{self.exporter}_fp32"
+
+    @property
+    def refusal(self) -> tuple[str, ...] | None:
+        """The regexes the ConversionError must match, where the right outcome is a refusal."""
+        return MASK_REFUSAL if self.family == "bert" and self.quantizer in MASK_QUANTIZERS else None
+
+
+def cases(families=FAMILIES, exporters=EXPORTERS) -> list[Case]:
+    out = []
+    for family in families:
+        for exporter in exporters:
+            quantizers = list(QUANTIZERS)
+            if exporter == "optimum":
+                quantizers.append("optimum")
+            if family == "bert":
+                quantizers.append("ort_bert_recipe")
+            out += [Case(family, exporter, q) for q in quantizers]
+    return out
+
+
+CASES = cases()
+
+
+class Workshop:
+    """Makes (once) the trained models, FP32 exports and fake-quant files of the cases in ``folder``."""
+
+    def __init__(self, folder: str | Path, trained: bool = True, log: bool = False):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.trained, self.log = trained, log
+        self._models: dict = {}
+        self._data: dict[str, Data] = {}
+        self.versions: dict[str, dict] = {}
+
+    def data(self, family: str) -> Data:
+        from .hf import data
+
+        if family not in self._data:
+            self._data[family] = data(family)
+        return self._data[family]
+
+    def model(self, family: str):
+        from .hf import build, train
+
+        if family not in self._models:
+            model = build(family)
+            if self.trained:
+                model = train(model, family, self.data(family), self.log)
+            self._models[family] = model
+        return self._models[family]
+
+    def fp32(self, family: str, exporter: str) -> Path:
+        path = self.folder / f"{family}_{exporter}_fp32.onnx"
+        if not path.exists():
+            if exporter == "optimum":
+                from .hf_optimum import optimum_export
+
+                self.versions["optimum"] = optimum_export(self.model(family), family, path)
+            else:
+                from .hf_export import export
+
+                example = {k: v[:2] for k, v in self.data(family).test.items()}
+                export(self.model(family), family, path, exporter, example)
+        return path
+
+    def fake_quant(self, case: Case) -> Path:
+        path = self.folder / f"{case.name}.onnx"
+        if not path.exists():
+            fp32 = self.fp32(case.family, case.exporter)
+            calib = self.data(case.family).calibration()
+            with tempfile.TemporaryDirectory() as tmp, _cwd(tmp):  # quantizers leave files in the cwd
+                if case.quantizer == "optimum":
+                    from .hf_optimum import optimum_quantize
+
+                    optimum_quantize(fp32, calib, path)
+                else:
+                    from .hf_quant import QUANTIZERS
+
+                    QUANTIZERS[case.quantizer](fp32, path, calib)
+        return path
+
+
+@contextlib.contextmanager
+def _cwd(path: str | Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def _logits(model, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The first output on ``feeds``, in batches of BATCH."""
+    from .runtime import ort_session
+
+    session = ort_session(model)
+    names = {i.name for i in session.get_inputs()}
+    n = len(next(iter(feeds.values())))
+    return np.concatenate(
+        [
+            session.run(None, {k: v[i : i + BATCH] for k, v in feeds.items() if k in names})[0]
+            for i in range(0, n, BATCH)
+        ]
+    )
+
+
+def margins(logits: np.ndarray) -> np.ndarray:
+    """Whether each row's top-1 logit leads the runner-up by at least MARGIN standard deviations of the
+    logits (inputs whose class a 1-LSB change cannot flip)."""
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    return (top2[:, 1] - top2[:, 0]) >= MARGIN * logits.std()
+
+
+def evaluate(case: Case, fq_path: str | Path, split: Data) -> dict:
+    """Convert strictly and compare with the fake-quant model: {"case", "result", "error", "float_offenders",
+    "cosine", "agreement", "inputs", "fq_accuracy", "int_accuracy"}; "result" is "strict", "refused" (a
+    ConversionError) or "unrunnable" (converted, but onnxruntime cannot run the integer model)."""
+    from ivit_onnx import ConversionError
+    from ivit_onnx.certify import float_offenders
+
+    from .runtime import cosine
+
+    out = {"case": case.name, "result": "refused"}
+    try:
+        model, _ = convert(case, fq_path)
+    except ConversionError as e:
+        return {**out, "error": str(e)}
+    fq = _logits(str(fq_path), split.test)
+    try:
+        integer = _logits(model, split.test)
+    except Exception as e:  # onnxruntime's errors have no common base class
+        return {**out, "result": "unrunnable", "error": f"{type(e).__name__}: {e}"}
+    keep = margins(fq)
+    return {
+        **out,
+        "result": "strict",
+        "float_offenders": len(float_offenders(model)),
+        "cosine": round(cosine(fq[keep], integer[keep]), 5),
+        "agreement": round(float(np.mean(fq[keep].argmax(1) == integer[keep].argmax(1))) * 100, 2),
+        "inputs": int(keep.sum()),
+        "fq_accuracy": round(float(np.mean(fq.argmax(1) == split.y_test)) * 100, 2),
+        "int_accuracy": round(float(np.mean(integer.argmax(1) == split.y_test)) * 100, 2),
+    }
+
+
+def summary(result: dict) -> str:
+    """One line: "strict: cosine 0.998, agreement 100.0 % (412 inputs), ..." or "refused: <reason>"."""
+    if result["result"] != "strict":
+        return f"{result['result']}: " + result["error"]
+    return (
+        f"strict: cosine {result['cosine']:.4f}, agreement {result['agreement']:.2f} % ({result['inputs']} "
+        f"inputs), accuracy {result['int_accuracy']:.2f} % vs {result['fq_accuracy']:.2f} %"
+    )
+
+
+def to_json(results: list[dict]) -> str:
+    return "\n".join(json.dumps(r) for r in results)
