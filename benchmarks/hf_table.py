@@ -1,7 +1,7 @@
 """Run the Hugging Face matrix (``models/hf_matrix.py``) and print the README's "Hugging Face" table.
 
     python benchmarks/hf_table.py [--out DIR] [--families vit,bert] [--exporters torchscript] [--status]
-        [--random] [--json results.jsonl]
+        [--random] [--json results.jsonl] [--readme]
 
 Builds and trains each family, exports it with each exporter, quantizes each export with each quantizer
 (files kept in DIR, made once), converts each fake-quant file in strict mode and compares the integer
@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cli", action="append", help="ivit-onnx executable(s) whose rewrite outcomes STATUS.md lists"
     )
     p.add_argument("--json", type=Path, help="write one JSON line per case")
+    p.add_argument("--readme", action="store_true", help="write the outcome table into README.md (all cases)")
     args = p.parse_args(argv)
     shop = hm.Workshop(args.out, trained=not args.random)
     results = {}
@@ -155,7 +156,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(hm.to_json(list(results.values())) + "\n")
     print(table(results))
+    if args.readme:
+        write_readme(results)
     return 0
+
+
+def write_readme(results: dict[hm.Case, dict]) -> None:
+    """README.md's outcome table (between ``hm.README_MARKERS``), from a run of the whole matrix."""
+    if set(results) != set(hm.CASES):
+        raise SystemExit("--readme needs every case of the matrix (no --families/--exporters)")
+    readme = Path(__file__).parents[1] / "README.md"
+    text, (start, end) = readme.read_text(), hm.README_MARKERS
+    head, rest = text.split(start, 1)
+    readme.write_text(f"{head}{start}\n{hm.readme_table(results)}\n{end}{rest.split(end, 1)[1]}")
 
 
 if __name__ == "__main__":

@@ -280,15 +280,18 @@ def export_bert(
     onnx.save(m, str(path))
 
 
-def quantize_bert(fp32_path: str | Path, out_path: str | Path, batches: int = 4, seed: int = 0):
-    """onnxruntime ``quantize_static``: QDQ, int8 symmetric activations, per-channel symmetric weights."""
+def quantize_bert(
+    fp32_path: str | Path, out_path: str | Path, batches: int = 4, seed: int = 0, exclude_mask: bool = False
+):
+    """onnxruntime ``quantize_static``: QDQ, int8 symmetric activations, per-channel symmetric weights; with
+    ``exclude_mask`` the attention mask's nodes stay float (the recipe, ``ort_qdq.mask_nodes``)."""
     import onnx
 
     from .ort_qdq import ort_quantize
 
     c = BertConfig(**_config_of(onnx.load(str(fp32_path))))
     calib = [example_inputs(c, 4, 8, seed + i) for i in range(batches)]
-    return ort_quantize(fp32_path, out_path, calib, "int8_sym")
+    return ort_quantize(fp32_path, out_path, calib, "int8_sym", exclude_mask=exclude_mask)
 
 
 def _config_of(model) -> dict:

@@ -225,5 +225,34 @@ def summary(result: dict) -> str:
     )
 
 
+#: the README's Hugging Face table lies between these lines (tests/hf checks it against its own run)
+README_MARKERS = (
+    "<!-- HF TABLE (checked by tests/hf; benchmarks/hf_table.py --readme writes it) -->",
+    "<!-- /HF TABLE -->",
+)
+
+
+def outcome(case: Case, result: dict) -> str:
+    """A README cell: the outcome alone (the measured numbers vary with the CPU the models train on)."""
+    if result["result"] == "strict":
+        return "strict"
+    if case.refusal and result["result"] == "refused":
+        return "refused: mask quantized"
+    return result["result"]
+
+
+def readme_table(results: dict[Case, dict]) -> str:
+    """The README's table: one row per family × exporter, one column per quantizer, outcomes only."""
+    quantizers = list(dict.fromkeys(c.quantizer for c in CASES))
+    rows = ["| model | exporter | " + " | ".join(quantizers) + " |", "|---|---|" + "---|" * len(quantizers)]
+    for family, exporter in dict.fromkeys((c.family, c.exporter) for c in CASES):
+        cells = [
+            outcome(c, results[c]) if c in results else "–"
+            for c in (Case(family, exporter, q) for q in quantizers)
+        ]
+        rows.append(f"| {family} | {exporter} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def to_json(results: list[dict]) -> str:
     return "\n".join(json.dumps(r) for r in results)

@@ -171,6 +171,7 @@ class FoldConstants(Pass):
         try:  # the graph is in topological order (as imported, or sorted after each change)
             g.fold_constants(
                 fold_shapes=True,
+                partitioning="basic",  # a subgraph onnxruntime cannot evaluate leaves the others folded
                 size_threshold=SIZE_LIMIT,
                 should_exclude_node=_kept,
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import onnx
 import pytest
@@ -38,6 +39,10 @@ def _fake_quant(workshop, case):
     return workshop.fake_quant(case)
 
 
+#: every case's result in this session, for the README's table (the last test)
+RESULTS: dict = {}
+
+
 def _tensor_names(path) -> set[str]:
     g = onnx.load(str(path)).graph
     return {t for n in g.node for t in (*n.input, *n.output) if t} | {n.name for n in g.node}
@@ -49,6 +54,7 @@ def test_quantized_mask_is_refused_with_the_tensor_and_the_cause(workshop, case)
     with pytest.raises(ConversionError) as e:
         hm.convert(case, path)
     message = str(e.value)
+    RESULTS[case] = {"case": case.name, "result": "refused", "error": message}
     print("HF " + json.dumps({"case": case.name, "error": message}))
     assert "\n" not in message
     for pattern in case.refusal:
@@ -61,9 +67,23 @@ def test_quantized_mask_is_refused_with_the_tensor_and_the_cause(workshop, case)
 def test_converts_strictly_and_agrees(workshop, case):
     path = _fake_quant(workshop, case)
     result = hm.evaluate(case, path, workshop.data(case.family))
+    RESULTS[case] = result
     print("HF " + json.dumps(result))
     assert result["result"] == "strict", result.get("error")
     assert result["float_offenders"] == 0, result
     assert result["inputs"] >= 0.5 * len(workshop.data(case.family).y_test), result  # margins are common
     assert result["cosine"] >= hm.MIN_COSINE and result["agreement"] >= hm.MIN_AGREEMENT, result
     assert abs(result["int_accuracy"] - result["fq_accuracy"]) <= hm.MAX_ACCURACY_DROP, result
+
+
+def test_readme_table_is_this_run():
+    """README.md's Hugging Face table is what this run found (``python benchmarks/hf_table.py --readme``
+    rewrites it). Runs last; needs every case of the matrix in this session."""
+    if set(RESULTS) != set(hm.CASES):
+        pytest.skip("only a part of the matrix ran in this session")
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    start, end = hm.README_MARKERS
+    assert start in readme and end in readme, "README.md has no Hugging Face table markers"
+    quoted = readme.split(start, 1)[1].split(end, 1)[0].strip()
+    drift = "README's Hugging Face table drifted: run benchmarks/hf_table.py --readme"
+    assert quoted == hm.readme_table(RESULTS), drift

@@ -78,6 +78,24 @@ def test_quantized_mask_is_refused_in_one_line(berts, form, fill, allow_float):
     assert f"fill value {fill}" in msg and "docs/conversion.md#attention-masks-and-quantizers" in msg, msg
 
 
+@pytest.mark.parametrize("form, opset", [("arith", 17), ("where", 18)])
+def test_mask_recipe_converts_strictly(tmp_path, form, opset):
+    """With the attention mask's nodes left float (``exclude_mask``) the same export converts in strict mode
+    and agrees with its fake-quant model."""
+    from ivit_onnx.certify import float_offenders
+    from ivit_onnx.models.bert import BertConfig, example_inputs
+
+    fp32, fq = tmp_path / "fp32.onnx", tmp_path / "fq.onnx"
+    export_bert(bert_tiny(mask_form=form), fp32, opset=opset)
+    quantize_bert(fp32, fq, exclude_mask=True)
+    model, _ = rewrite(fq)
+    assert float_offenders(model) == []
+    feeds = example_inputs(BertConfig(), batch=4, seq=8, seed=5)
+    ref, got = _run(fq, feeds), _run(model, feeds)
+    assert got.shape == ref.shape == (4, 3)
+    assert np.abs(got - ref).max() <= 0.05 * np.abs(ref).max() + 1e-6
+
+
 def test_lone_erf_and_where_are_named_islands():
     """Other exporters leave Erf outside a GELU pattern, or select the mask with Where: float islands."""
     from tests.graphs import G, run
