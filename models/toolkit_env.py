@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import toolkit_onnx_ptq
+
 #: installed with their dependencies (pinned: the versions the README table was measured with)
 PINS = (
     "onnx==1.21.0",
@@ -56,7 +58,7 @@ PINS = (
 #: installed without dependencies (their declared ones pull onnxruntime-gpu, cupy-cuda12x, datasets, ...)
 TOOLS = {"modelopt": "nvidia-modelopt==0.47.0", "quark": "amd-quark==0.13"}
 SCRIPT = Path(__file__).with_name("toolkit_onnx_ptq.py")
-RECIPES = ("modelopt", "modelopt_all_gemms", "quark")  #: what ``onnx_ptq`` runs (the script's TOOLS)
+RECIPES = tuple(toolkit_onnx_ptq.TOOLS)  #: what ``onnx_ptq`` runs (the script's recipes)
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,18 @@ def quark(fp32: str, calib: np.ndarray, out: str) -> None:
     ModelQuantizer(config).quantize_model(fp32, out, _Reader(name, calib))
 
 
+def modelopt_defaults(fp32: str, calib: np.ndarray, out: str) -> None:
+    """``modelopt.onnx.quantization.quantize`` int8 with every other option its default, as a user first runs
+    it: its default ``high_precision_dtype="fp16"`` turns what it leaves unquantized (the 10-class head) into
+    float16."""
+    from modelopt.onnx.quantization import quantize
+
+    quantize(fp32, quantize_mode="int8", calibration_data=calib, calibration_eps=["cpu"], output_path=out)
+
+
 TOOLS = {
     "modelopt": (modelopt, "nvidia-modelopt"),
+    "modelopt_defaults": (modelopt_defaults, "nvidia-modelopt"),
     "modelopt_all_gemms": (lambda *a: modelopt(*a, all_gemms=True), "nvidia-modelopt"),
     "quark": (quark, "amd-quark"),
 }

@@ -15,6 +15,7 @@ import json
 from importlib.metadata import version
 
 import numpy as np
+import onnx
 import pytest
 
 from ivit_onnx import ConversionError, rewrite
@@ -132,6 +133,22 @@ def test_modelopt_onnx_ptq(tmp_path, digits, digits_fp32_path):
     assert counts["Gemm"] == 1 and counts["MatMulInteger"] == LINEARS - 1 + ATTENTION_MATMULS
     assert counts.get("ai.ivit:Shiftmax") == DEPTH and counts.get("ai.ivit:ILayerNorm") == 2 * DEPTH + 1
     _compare(path, model, digits, "modelopt", versions["version"])
+
+
+def test_modelopt_defaults_float16_head(tmp_path, digits, digits_fp32_path):
+    """ModelOpt with its defaults leaves the head Gemm unquantized and float16: strict mode refuses it naming
+    the node; with allow_float the island keeps float16 (a float32 dequantize before it failed the ONNX
+    check)."""
+    path, versions = _onnx_ptq("modelopt_defaults", tmp_path, digits, digits_fp32_path)
+    with pytest.raises(ConversionError, match=r"Gemm '.*'") as e:
+        rewrite(str(path))
+    assert "\n" not in str(e.value)
+    model, report = rewrite(str(path), allow_float=True)
+    assert [k.split()[0] for k in report.notes["float_islands"]] == ["Gemm"]
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    inits = {t.name: t for t in model.graph.initializer}
+    assert inits[gemm.input[1]].data_type == onnx.TensorProto.FLOAT16
+    _compare(path, model, digits, "modelopt (defaults: float16 head)", versions["version"])
 
 
 def test_modelopt_onnx_ptq_all_gemms(tmp_path, digits, digits_fp32_path):
