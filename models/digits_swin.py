@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .make_default import TRAIN_CONFIG, fit
+from .make_default import TRAIN_CONFIG, deterministic, fit
 from .swin import SwinTransformer, swin
 
 SWIN_CONFIG = dict(
@@ -29,12 +29,6 @@ SWIN_TRAIN = dict(TRAIN_CONFIG, epochs=15, lr=2e-3)
 
 def train_digits_swin(x: np.ndarray, y: np.ndarray, log: bool = False) -> SwinTransformer:
     """Train the digits Swin deterministically (fixed seed, one thread, deterministic algorithms)."""
-    deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(SWIN_TRAIN["threads"])
-    try:
+    with deterministic(SWIN_TRAIN["threads"]):
         torch.manual_seed(SWIN_TRAIN["seed"])
         return fit(swin(**SWIN_CONFIG), x, y, SWIN_TRAIN, log)
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
-        torch.set_num_threads(threads)

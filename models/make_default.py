@@ -12,6 +12,8 @@ import argparse
 import json
 import math
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -36,17 +38,23 @@ EXPORT_CONFIG = dict(exporter="dynamo", opset=17)
 CALIB_BATCH = 256
 
 
+@contextmanager
+def deterministic(threads: int) -> Iterator[None]:
+    """Deterministic torch algorithms on ``threads`` threads inside, the previous settings restored after."""
+    saved = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0])
+        torch.set_num_threads(saved[1])
+
+
 def train_digits_vit(x: np.ndarray, y: np.ndarray, log: bool = True) -> VisionTransformer:
     """Train the digits ViT with AdamW, linear warmup and cosine decay; deterministic for a fixed seed."""
-    cfg = TRAIN_CONFIG
-    deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(cfg["threads"])
-    try:
-        return _train(x, y, cfg, log)
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
-        torch.set_num_threads(threads)
+    with deterministic(TRAIN_CONFIG["threads"]):
+        return _train(x, y, TRAIN_CONFIG, log)
 
 
 def _train(x: np.ndarray, y: np.ndarray, cfg: dict, log: bool) -> VisionTransformer:
