@@ -51,6 +51,11 @@ def deterministic(threads: int) -> Iterator[None]:
         torch.set_num_threads(saved[1])
 
 
+def calibration(x: np.ndarray) -> list[torch.Tensor]:
+    """``x`` in batches of ``CALIB_BATCH``: what the min/max calibrations of the digits models see."""
+    return [torch.from_numpy(x[i : i + CALIB_BATCH]) for i in range(0, len(x), CALIB_BATCH)]
+
+
 def train_digits_vit(x: np.ndarray, y: np.ndarray, log: bool = True) -> VisionTransformer:
     """Train the digits ViT with AdamW, linear warmup and cosine decay; deterministic for a fixed seed."""
     with deterministic(TRAIN_CONFIG["threads"]):
@@ -99,8 +104,7 @@ def make_default(out_dir: Path, log: bool = True) -> dict:
     """Train, quantize and export the digits ViT into `out_dir`; return the JSON description."""
     x_train, y_train, x_test, y_test = digits.load_digits_split()
     model = train_digits_vit(x_train, y_train, log)
-    calib = [torch.from_numpy(x_train[i : i + CALIB_BATCH]) for i in range(0, len(x_train), CALIB_BATCH)]
-    fq = quantize(model, calib, **QUANT_CONFIG)
+    fq = quantize(model, calibration(x_train), **QUANT_CONFIG)
     out_dir.mkdir(parents=True, exist_ok=True)
     fp32_path, fq_path = out_dir / bundled.FP32_NAME, out_dir / bundled.FQ_NAME
     example = torch.from_numpy(x_test[:2])

@@ -97,12 +97,13 @@ def _i64(a) -> Tensor:
     return torch.from_numpy(np.array(a, dtype=np.int64))
 
 
-def _deq(q: Tensor, a: Affine) -> Tensor:
+def dequantize(q: Tensor, a: Affine) -> Tensor:
+    """``(q - zero_point) * scale`` in float32, as the DequantizeLinear of ``a``."""
     return ((q - a.zero_point).to(torch.float64) * torch.from_numpy(np.asarray(a.scale))).float()
 
 
 def _lift(q: Tensor, a: Affine, approx: Tensor) -> QT:
-    return QT(_kept(q), a, int_ops.ste(_deq(q, a), approx))
+    return QT(_kept(q), a, int_ops.ste(dequantize(q, a), approx))
 
 
 def _int_matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -251,7 +252,7 @@ class IntegerViT(nn.Module):
         if target is None:
             return t
         q = _rescale(t.q, t.a, target)
-        return QT(q, target, int_ops.ste(_deq(q, target), t.v))
+        return QT(q, target, int_ops.ste(dequantize(q, target), t.v))
 
     def _weight(self, m: QLinear | QConv2d) -> tuple[Tensor, Affine, Tensor]:
         """Integer weights (as the converter folds them), their type, and the STE fake-quant weight."""
@@ -334,7 +335,7 @@ class IntegerViT(nn.Module):
         m = self.fq
         t_in = self._target(m.q_input, x)
         xq = torch.clamp(torch.round(x / m.q_input.scale), *t_in.qrange).to(torch.int64)
-        x = QT(xq, t_in, int_ops.ste(_deq(xq, t_in), x))
+        x = QT(xq, t_in, int_ops.ste(dequantize(xq, t_in), x))
         conv = m.patch_embed.proj
         w_q, w_a, w_fq = self._weight(conv)
         acc_a = qparams.conv_accumulator(x.a, w_a, int(np.prod(w_q.shape[1:])), w_q.dim() - 2)

@@ -24,7 +24,7 @@ from ivit_onnx.pipeline import Options
 
 from . import bundled, digits
 from .export import export_onnx
-from .make_default import CALIB_BATCH, MODEL_CONFIG, QUANT_CONFIG, deterministic, fit, train_digits_vit
+from .make_default import MODEL_CONFIG, QUANT_CONFIG, calibration, deterministic, fit, train_digits_vit
 from .qat import IntegerViT, qat
 from .vit import VisionTransformer, vit
 
@@ -104,8 +104,7 @@ def ptq_and_qat(
     (``load_digits_split()``), the QAT CPU seconds, and whether both graphs equal the QAT model bit for
     bit."""
     x_tr, y_tr, x_te, y_te = data
-    calib = [torch.from_numpy(x_tr[i : i + CALIB_BATCH]) for i in range(0, len(x_tr), CALIB_BATCH)]
-    qm = qat(fp32, calib, weight_bits=bits, ema=cfg["ema"], options=options, **QUANT_CONFIG)
+    qm = qat(fp32, calibration(x_tr), weight_bits=bits, ema=cfg["ema"], options=options, **QUANT_CONFIG)
     ptq_acc, ptq_exact = integer_accuracy(qm, x_te, y_te, work, f"ptq_w{bits}")
     start = time.process_time()
     finetune(qm, x_tr, y_tr, cfg, log)
