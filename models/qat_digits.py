@@ -77,10 +77,11 @@ def integer_accuracy(
     qm: IntegerViT, x: np.ndarray, y: np.ndarray, work: Path, tag: str
 ) -> tuple[float, bool]:
     """Export, rewrite (with the QAT model's kernel options) and run the integer graph: (top-1 %, logits
-    bit-identical to the torch model)."""
-    logits = integer_logits(qm.fq, x, work, tag, qm.opt)
+    bit-identical to the torch model). The torch model runs first: its forward refreshes the weight scales
+    (after training's last step) that the export then carries."""
     with torch.no_grad():
         mine = qm.eval()(torch.from_numpy(x)).numpy()
+    logits = integer_logits(qm.fq, x, work, tag, qm.opt)
     return top1(logits, y), bool(np.array_equal(logits, mine))
 
 
