@@ -166,8 +166,9 @@ def swin(rows: list[dict], data: tuple, out: Path, work: Path, qat_epochs: int |
         row["swin_qat_detail"] = {k: got[k] for k in ("loop", "agreement", "max_logit_diff", "qat_seconds")}
 
 
-def _latency_models(rows: list[dict], name: str, out: Path) -> tuple[str, dict[str, onnx.ModelProto]]:
-    """The FP32 model's path and each row's integer model for the latency stage."""
+def _latency_models(rows: list[dict], name: str, out: Path) -> tuple[str, dict]:
+    """The FP32 model's path and each row's integer model for the latency stage (DeiT-Tiny's FP32 and
+    fake-quant files cached in ``out``, its integer models converted now)."""
     if name == "digits":
         from ivit_onnx.models.bundled import default_fp32_path
 
@@ -179,11 +180,8 @@ def _latency_models(rows: list[dict], name: str, out: Path) -> tuple[str, dict[s
     paths = build(out, name)
     models = {}
     for row in rows:
-        path = out / f"{name}_int_{_slug(row['choices'])}.onnx"
-        if not path.exists():
-            _say(f"converting {name}: {row['name']}")
-            rewrite(paths["fq"], path, **row["choices"])
-        models[row["name"]] = onnx.load(path)
+        _say(f"converting {name}: {row['name']}")
+        models[row["name"]] = rewrite(paths["fq"], **row["choices"])[0]
     return str(paths["fp32"]), models
 
 
@@ -253,25 +251,20 @@ def build_table(args, argv: list[str]) -> dict:
             swin(rows, data, out, work, None if args.skip_qat else args.qat_epochs)
         if not args.no_latency:
             table["latency"] = latency(rows, args, out)
+    for row in rows:
+        del row["digits_int"]  # a file of the temporary folder
     table["load_end"] = os.getloadavg()[0]
     table["seconds"] = time.perf_counter() - start
     return table
 
 
-def _acc(row: dict, base: dict, key: str) -> str:
+def _cell(row: dict, base: dict, key: str, digits: int) -> str:
+    """``row[key]``, with its difference to the first row's in parentheses; ``–`` where not measured."""
     if key not in row:
         return "–"
     if row is base:
-        return f"{row[key]:.2f}"
-    return f"{row[key]:.2f} ({row[key] - base[key]:+.2f})"
-
-
-def _ms(row: dict, base: dict, key: str) -> str:
-    if key not in row:
-        return "–"
-    if row is base:
-        return f"{row[key]:.1f}"
-    return f"{row[key]:.1f} ({row[key] - base[key]:+.1f})"
+        return f"{row[key]:.{digits}f}"
+    return f"{row[key]:.{digits}f} ({row[key] - base[key]:+.{digits}f})"
 
 
 def _err(e: dict) -> str:
@@ -291,7 +284,7 @@ def render(table: dict) -> str:
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for row in rows:
         cells = [row["name"], *(_err(row["errors"][op]) for op in KERNELS),
-                 *(_acc(row, base, k) for k in ACCURACY), *(_ms(row, base, k) for k in LATENCY)]
+                 *(_cell(row, base, k, 2) for k in ACCURACY), *(_cell(row, base, k, 1) for k in LATENCY)]
         lines.append("| " + " | ".join(cells) + " |")
     out = {op: e["output"] for op, e in base["errors"].items()}
     lines += ["", "errors: against the float softmax / erf GELU / LayerNorm over each kernel's operating "
@@ -330,7 +323,7 @@ def all_exact(table: dict) -> bool:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "ivit_bench_ablation"),
-                    help="cache of the built models (DeiT-Tiny, the trained digits Swin)")
+                    help="cache of DeiT-Tiny's FP32 and fake-quant files and the trained digits Swin")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--iters", type=int, default=10, help="timed rounds (default 10)")
