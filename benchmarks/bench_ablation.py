@@ -19,7 +19,8 @@ Columns:
 - latency of the onnxruntime engine (the custom-op library) and TVM llvm on DeiT-Tiny (224², random weights,
   the files of ``bench_validate.build``), batch 8, 2 threads: every row's two engines and onnxruntime FP32
   timed in one run, interleaved round by round (:mod:`ivit_onnx.bench`); each engine's outputs are checked
-  bit for bit against the function bodies (exit status 1 if any differ).
+  bit for bit against the function bodies (exit status 1 if any differ, or if a ViT QAT graph differs from
+  its QAT model).
 
 The device line (CPU and ISA), the command and the load average come first; progress lines go to stderr;
 ``--json FILE`` writes the whole table. :func:`build_table` is the benchmark, :func:`render` its text.
