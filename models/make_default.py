@@ -9,10 +9,11 @@ the JSON with preprocessing, split, configuration and the measured accuracies.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -37,17 +38,22 @@ EXPORT_CONFIG = dict(exporter="dynamo", opset=17)
 CALIB_BATCH = 256
 
 
-@contextlib.contextmanager
-def deterministic(threads: int):
-    """Deterministic torch algorithms on ``threads`` threads inside the block; the settings restored after."""
-    was, before = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+@contextmanager
+def deterministic(threads: int) -> Iterator[None]:
+    """Deterministic torch algorithms on ``threads`` threads inside, the previous settings restored after."""
+    saved = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(threads)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(was)
-        torch.set_num_threads(before)
+        torch.use_deterministic_algorithms(saved[0])
+        torch.set_num_threads(saved[1])
+
+
+def calibration(x: np.ndarray) -> list[torch.Tensor]:
+    """``x`` in batches of ``CALIB_BATCH``: what the min/max calibrations of the digits models see."""
+    return [torch.from_numpy(x[i : i + CALIB_BATCH]) for i in range(0, len(x), CALIB_BATCH)]
 
 
 def train_digits_vit(x: np.ndarray, y: np.ndarray, log: bool = True) -> VisionTransformer:
@@ -98,8 +104,7 @@ def make_default(out_dir: Path, log: bool = True) -> dict:
     """Train, quantize and export the digits ViT into `out_dir`; return the JSON description."""
     x_train, y_train, x_test, y_test = digits.load_digits_split()
     model = train_digits_vit(x_train, y_train, log)
-    calib = [torch.from_numpy(x_train[i : i + CALIB_BATCH]) for i in range(0, len(x_train), CALIB_BATCH)]
-    fq = quantize(model, calib, **QUANT_CONFIG)
+    fq = quantize(model, calibration(x_train), **QUANT_CONFIG)
     out_dir.mkdir(parents=True, exist_ok=True)
     fp32_path, fq_path = out_dir / bundled.FP32_NAME, out_dir / bundled.FQ_NAME
     example = torch.from_numpy(x_test[:2])

@@ -32,7 +32,15 @@ from ivit_onnx.io import quantize as quantize_linear
 from ivit_onnx.pipeline import Options
 
 from . import int_ops
-from .quant import MIN_SCALE, ActFakeQuant, QConv2d, QLinear, fake_quant_per_channel, quantize
+from .quant import (
+    MIN_SCALE,
+    ActFakeQuant,
+    QConv2d,
+    QLinear,
+    fake_quant_per_channel,
+    quantize,
+    refresh_weight_scales,
+)
 from .vit import VisionTransformer
 
 _NP_DTYPES = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16, torch.int32: np.int32}
@@ -89,12 +97,13 @@ def _i64(a) -> Tensor:
     return torch.from_numpy(np.array(a, dtype=np.int64))
 
 
-def _deq(q: Tensor, a: Affine) -> Tensor:
+def dequantize(q: Tensor, a: Affine) -> Tensor:
+    """``(q - zero_point) * scale`` in float32, as the DequantizeLinear of ``a``."""
     return ((q - a.zero_point).to(torch.float64) * torch.from_numpy(np.asarray(a.scale))).float()
 
 
 def _lift(q: Tensor, a: Affine, approx: Tensor) -> QT:
-    return QT(_kept(q), a, int_ops.ste(_deq(q, a), approx))
+    return QT(_kept(q), a, int_ops.ste(dequantize(q, a), approx))
 
 
 def _int_matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -125,7 +134,7 @@ def _rescale_by(q: Tensor, a: Affine, m: int, c: int, t: Affine) -> Tensor:
     return _kept(int_ops.requantize(q, _zp(a.zero_point), _zp(m), _zp(c), _zp(0), qmin=lo, qmax=hi))
 
 
-def _act_type(qz: ActFakeQuant) -> Affine:
+def act_type(qz: ActFakeQuant) -> Affine:
     """The type a QuantizeLinear → DequantizeLinear pair gives its output (float32 scale, as exported)."""
     return Affine(np.float64(float(qz.scale)), int(qz.zero_point), _NP_DTYPES[qz.zero_point.dtype])
 
@@ -133,6 +142,66 @@ def _act_type(qz: ActFakeQuant) -> Affine:
 def _const_type(q: np.ndarray, scale: np.ndarray) -> Affine:
     """A DequantizeLinear of an integer constant: its bound is the constant's largest magnitude."""
     return Affine(np.asarray(scale, np.float64), 0, q.dtype, bound=int(np.max(np.abs(q.astype(np.int64)))))
+
+
+# ---- the nonlinear ops' integer kernels, as ``passes/rules/nonlinear.py`` emits them ----------------------
+
+
+def softmax_kernel(q: Tensor, a: Affine, target: Affine | None, opt: Options) -> tuple[Tensor, Affine]:
+    """The integer softmax ``opt.softmax`` picks over the last axis of ``q`` (per-tensor type ``a``), written
+    in ``target`` where its scale allows: the input's rescale onto the exp grid, then the op. Returns the
+    output integers and their type."""
+    if opt.softmax == "shiftmax":
+        sp = qparams.shiftmax(a, q.shape[-1], target, opt.min_x0)
+        y = int_ops.shiftmax(_upscale(q, a, sp.up), _zp(sp.t.zero_point), x0=sp.x0, n=sp.n, bits=sp.bits)
+        return y, sp.t
+    op = qparams.POLY_SOFTMAX[opt.softmax]
+    pp = qparams.poly_softmax(a, q.shape[-1], target, opt.min_x0)
+    q = _rescale_by(q, a, pp.grid.m, pp.grid.c, pp.grid.a)
+    return int_ops.KERNELS[op](q, _zp(pp.t.zero_point), **pp.attrs(op)), pp.t
+
+
+def gelu_kernel(q: Tensor, a: Affine, target: Affine | None, opt: Options) -> tuple[Tensor, Affine]:
+    """ShiftGELU or IBertGELU (``opt.gelu``) of ``q`` (symmetric per-tensor type ``a``), requantized into
+    ``target``: the exact upscale, then the op. Returns the output integers and their type."""
+    params, kernel, attrs = _GELUS[opt.gelu]
+    gp = params(a, target, opt.min_x0, opt.gelu_bits)
+    lo, hi = gp.t.qrange
+    y = kernel(
+        _upscale(q, a, gp.up),
+        _i64(gp.multiplier),
+        _i64(gp.shift),
+        _zp(gp.t.zero_point),
+        **{k: getattr(gp, k) for k in attrs},
+        qmin=lo,
+        qmax=hi,
+    )
+    return y, gp.t
+
+
+def layernorm_kernel(
+    q: Tensor, a: Affine, ln: nn.LayerNorm, target: Affine | None, opt: Options
+) -> tuple[Tensor, Affine]:
+    """ILayerNorm or L1LayerNorm (``opt.layernorm``) over the last axis of ``q`` (type ``a``) with ``ln``'s
+    gamma and beta folded, into ``target``: an optional narrowing Requantize, then the op."""
+    gamma = ln.weight.detach().numpy()
+    beta = ln.bias.detach().numpy() if ln.bias is not None else None
+    params, kernel = _LAYERNORMS[opt.layernorm]
+    lp = params(a, q.shape[-1], gamma, beta, target, opt.ln_fraction_bits)
+    q = q if lp.pre is None else _rescale(q, a, lp.pre)
+    lo, hi = dtype_range(lp.t.dtype)
+    y = kernel(
+        q,
+        _i64(lp.multiplier),
+        _i64(lp.shift),
+        _i64(lp.bias),
+        _zp(lp.t.zero_point),
+        shift_in=lp.shift_in,
+        p=lp.p,
+        qmin=lo,
+        qmax=hi,
+    )
+    return y, lp.t
 
 
 class IntegerViT(nn.Module):
@@ -161,11 +230,7 @@ class IntegerViT(nn.Module):
     # ---- scales ---------------------------------------------------------------------------------------
     def refresh_weight_scales(self) -> None:
         """``w_scale = max|w| / qmax`` per output channel of every Linear/Conv2d (the export carries it)."""
-        with torch.no_grad():
-            for m in self.fq.modules():
-                if isinstance(m, QLinear | QConv2d):
-                    amax = m.weight.abs().flatten(1).amax(dim=1)
-                    m.w_scale.copy_(amax.clamp(min=MIN_SCALE) / self.w_qmax)
+        refresh_weight_scales(self.fq, self.w_qmax)
 
     def _target(self, qz: nn.Module, *approx: Tensor, observe: bool = True) -> Affine | None:
         """The type of the QuantizeLinear ``qz`` (None: none); EMA-updates its scale while training."""
@@ -178,7 +243,7 @@ class IntegerViT(nn.Module):
             new = self.ema * prev + (1 - self.ema) * amax
             self._absmax[id(qz)] = new
             qz.scale.fill_(max(new, MIN_SCALE) / info.max)
-        return _act_type(qz)
+        return act_type(qz)
 
     # ---- ops ------------------------------------------------------------------------------------------
     def _quant(self, t: QT, qz: nn.Module, observe: bool = True) -> QT:
@@ -187,7 +252,7 @@ class IntegerViT(nn.Module):
         if target is None:
             return t
         q = _rescale(t.q, t.a, target)
-        return QT(q, target, int_ops.ste(_deq(q, target), t.v))
+        return QT(q, target, int_ops.ste(dequantize(q, target), t.v))
 
     def _weight(self, m: QLinear | QConv2d) -> tuple[Tensor, Affine, Tensor]:
         """Integer weights (as the converter folds them), their type, and the STE fake-quant weight."""
@@ -236,61 +301,21 @@ class IntegerViT(nn.Module):
         return _lift(q, t, approx)
 
     def _layernorm(self, x: QT, ln: nn.LayerNorm, qz: nn.Module) -> QT:
-        """ILayerNorm or L1LayerNorm, as ``Options.layernorm`` picks (the rule's ``LAYERNORM`` table)."""
         approx = F.layer_norm(x.v, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
-        gamma = ln.weight.detach().numpy()
-        beta = ln.bias.detach().numpy() if ln.bias is not None else None
-        params, kernel = _LAYERNORMS[self.opt.layernorm]
-        lp = params(x.a, x.q.shape[-1], gamma, beta, self._target(qz, approx), self.opt.ln_fraction_bits)
-        q = x.q if lp.pre is None else _rescale(x.q, x.a, lp.pre)
-        lo, hi = dtype_range(lp.t.dtype)
-        y = kernel(
-            q,
-            _i64(lp.multiplier),
-            _i64(lp.shift),
-            _i64(lp.bias),
-            _zp(lp.t.zero_point),
-            shift_in=lp.shift_in,
-            p=lp.p,
-            qmin=lo,
-            qmax=hi,
-        )
-        return _lift(y, lp.t, approx)
+        y, t = layernorm_kernel(x.q, x.a, ln, self._target(qz, approx), self.opt)
+        return _lift(y, t, approx)
 
     def _softmax(self, x: QT, qz: nn.Module) -> QT:
-        """The kernel ``Options.softmax`` picks, as ``passes/rules/nonlinear.py`` emits it."""
         approx = x.v.softmax(dim=-1)
         x = self._per_tensor(x)
-        target = self._target(qz, approx)
-        if self.opt.softmax == "shiftmax":
-            sp = qparams.shiftmax(x.a, x.q.shape[-1], target, self.opt.min_x0)
-            q = _upscale(x.q, x.a, sp.up)
-            y = int_ops.shiftmax(q, _zp(sp.t.zero_point), x0=sp.x0, n=sp.n, bits=sp.bits)
-            return self._quant(_lift(y, sp.t, approx), qz, observe=False)
-        op = qparams.POLY_SOFTMAX[self.opt.softmax]
-        pp = qparams.poly_softmax(x.a, x.q.shape[-1], target, self.opt.min_x0)
-        q = _rescale_by(x.q, x.a, pp.grid.m, pp.grid.c, pp.grid.a)
-        y = int_ops.KERNELS[op](q, _zp(pp.t.zero_point), **pp.attrs(op))
-        return self._quant(_lift(y, pp.t, approx), qz, observe=False)
+        y, t = softmax_kernel(x.q, x.a, self._target(qz, approx), self.opt)
+        return self._quant(_lift(y, t, approx), qz, observe=False)
 
     def _gelu(self, x: QT, act: nn.Module, qz: nn.Module) -> QT:
-        """ShiftGELU or IBertGELU, as ``Options.gelu`` picks (the rule's ``GELU`` table)."""
         approx = act(x.v)
         x = self._per_tensor(x)
-        params, kernel, attrs = _GELUS[self.opt.gelu]
-        gp = params(x.a, self._target(qz, approx), self.opt.min_x0, self.opt.gelu_bits)
-        q = _upscale(x.q, x.a, gp.up)
-        lo, hi = gp.t.qrange
-        y = kernel(
-            q,
-            _i64(gp.multiplier),
-            _i64(gp.shift),
-            _zp(gp.t.zero_point),
-            **{a: getattr(gp, a) for a in attrs},
-            qmin=lo,
-            qmax=hi,
-        )
-        return self._quant(_lift(y, gp.t, approx), qz, observe=False)
+        y, t = gelu_kernel(x.q, x.a, self._target(qz, approx), self.opt)
+        return self._quant(_lift(y, t, approx), qz, observe=False)
 
     def _per_tensor(self, x: QT) -> QT:
         if x.a.per_tensor:
@@ -310,7 +335,7 @@ class IntegerViT(nn.Module):
         m = self.fq
         t_in = self._target(m.q_input, x)
         xq = torch.clamp(torch.round(x / m.q_input.scale), *t_in.qrange).to(torch.int64)
-        x = QT(xq, t_in, int_ops.ste(_deq(xq, t_in), x))
+        x = QT(xq, t_in, int_ops.ste(dequantize(xq, t_in), x))
         conv = m.patch_embed.proj
         w_q, w_a, w_fq = self._weight(conv)
         acc_a = qparams.conv_accumulator(x.a, w_a, int(np.prod(w_q.shape[1:])), w_q.dim() - 2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +20,11 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from ivit_onnx.pipeline import Options
+
 from . import bundled, digits
 from .export import export_onnx
-from .make_default import CALIB_BATCH, MODEL_CONFIG, QUANT_CONFIG, fit, train_digits_vit
+from .make_default import MODEL_CONFIG, QUANT_CONFIG, calibration, deterministic, fit, train_digits_vit
 from .qat import IntegerViT, qat
 from .vit import VisionTransformer, vit
 
@@ -52,20 +55,34 @@ def load_fp32_onnx(path: str | Path) -> VisionTransformer:
     return model.eval()
 
 
-def integer_accuracy(
-    qm: IntegerViT, x: np.ndarray, y: np.ndarray, work: Path, tag: str
-) -> tuple[float, bool]:
-    """Export, rewrite and run the integer graph: (top-1 %, logits bit-identical to the torch model)."""
+def integer_logits(
+    fq: torch.nn.Module, x: np.ndarray, work: Path, tag: str, options: Options | None = None
+) -> np.ndarray:
+    """Export the fake-quant ``fq``, convert it with ``ivit-onnx rewrite`` (``options``: the kernel choices)
+    and run the integer graph on ``x`` in onnxruntime with the custom-op library: its logits."""
     from ivit_onnx import rewrite
     from ivit_onnx.opset.ort_library import session
 
     fq_path, int_path = work / f"{tag}_fq.onnx", work / f"{tag}_int.onnx"
-    export_onnx(qm.fq, torch.from_numpy(x[:2]), fq_path, **EXPORT)
-    rewrite(fq_path, int_path)
-    logits = session(onnx.load(str(int_path)), "library").run(None, {"input": x})[0]
+    export_onnx(fq, torch.from_numpy(x[:2]), fq_path, **EXPORT)
+    rewrite(fq_path, int_path, **asdict(options or Options()))
+    return session(onnx.load(str(int_path)), "library").run(None, {"input": x})[0]
+
+
+def top1(logits: np.ndarray, y: np.ndarray) -> float:
+    return float((logits.argmax(-1) == y).mean() * 100)
+
+
+def integer_accuracy(
+    qm: IntegerViT, x: np.ndarray, y: np.ndarray, work: Path, tag: str
+) -> tuple[float, bool]:
+    """Export, rewrite (with the QAT model's kernel options) and run the integer graph: (top-1 %, logits
+    bit-identical to the torch model). The torch model runs first: its forward refreshes the weight scales
+    (after training's last step) that the export then carries."""
     with torch.no_grad():
         mine = qm.eval()(torch.from_numpy(x)).numpy()
-    return float((logits.argmax(-1) == y).mean() * 100), bool(np.array_equal(logits, mine))
+    logits = integer_logits(qm.fq, x, work, tag, qm.opt)
+    return top1(logits, y), bool(np.array_equal(logits, mine))
 
 
 def finetune(qm: IntegerViT, x: np.ndarray, y: np.ndarray, cfg: dict, log: bool = True) -> IntegerViT:
@@ -74,36 +91,45 @@ def finetune(qm: IntegerViT, x: np.ndarray, y: np.ndarray, cfg: dict, log: bool 
     return fit(qm, x, y, cfg, log, tag="qat epoch")
 
 
+def ptq_and_qat(
+    fp32: VisionTransformer,
+    data: tuple,
+    bits: int,
+    cfg: dict,
+    work: Path,
+    options: Options | None = None,
+    log: bool = True,
+) -> dict:
+    """One row: ``fp32`` min/max-quantized (PTQ) with ``bits``-bit weights and the ``options`` kernels, then
+    fine-tuned with QAT for ``cfg['epochs']``; each integer graph's accuracy on the test split of ``data``
+    (``load_digits_split()``), the QAT CPU seconds, and whether both graphs equal the QAT model bit for
+    bit."""
+    x_tr, y_tr, x_te, y_te = data
+    qm = qat(fp32, calibration(x_tr), weight_bits=bits, ema=cfg["ema"], options=options, **QUANT_CONFIG)
+    ptq_acc, ptq_exact = integer_accuracy(qm, x_te, y_te, work, f"ptq_w{bits}")
+    start = time.process_time()
+    finetune(qm, x_tr, y_tr, cfg, log)
+    seconds = time.process_time() - start
+    qat_acc, qat_exact = integer_accuracy(qm, x_te, y_te, work, f"qat_w{bits}")
+    return dict(
+        weight_bits=bits, ptq=ptq_acc, qat=qat_acc, qat_seconds=seconds, bit_identical=ptq_exact and qat_exact
+    )
+
+
 def run(weight_bits: list[int], train: bool, epochs: int, log: bool = True) -> list[dict]:
     """PTQ and QAT of the digits ViT at each weight width; one row of measured accuracies per width."""
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(QAT_CONFIG["threads"])
-    x_tr, y_tr, x_te, y_te = digits.load_digits_split()
-    fp32 = train_digits_vit(x_tr, y_tr, log) if train else load_fp32_onnx(bundled.default_fp32_path())
-    with torch.no_grad():
-        fp32_acc = float((fp32(torch.from_numpy(x_te)).argmax(-1).numpy() == y_te).mean() * 100)
-    calib = [torch.from_numpy(x_tr[i : i + CALIB_BATCH]) for i in range(0, len(x_tr), CALIB_BATCH)]
-    cfg = {**QAT_CONFIG, "epochs": epochs}
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for bits in weight_bits:
-            qm = qat(fp32, calib, weight_bits=bits, ema=cfg["ema"], **QUANT_CONFIG)
-            ptq_acc, ptq_exact = integer_accuracy(qm, x_te, y_te, Path(tmp), f"ptq_w{bits}")
-            start = time.process_time()
-            finetune(qm, x_tr, y_tr, cfg, log)
-            seconds = time.process_time() - start
-            qat_acc, qat_exact = integer_accuracy(qm, x_te, y_te, Path(tmp), f"qat_w{bits}")
-            rows.append(
-                dict(
-                    weight_bits=bits,
-                    fp32=fp32_acc,
-                    ptq=ptq_acc,
-                    qat=qat_acc,
-                    qat_seconds=seconds,
-                    bit_identical=ptq_exact and qat_exact,
-                )
-            )
-    return rows
+    with deterministic(QAT_CONFIG["threads"]):
+        data = digits.load_digits_split()
+        x_tr, y_tr, x_te, y_te = data
+        fp32 = train_digits_vit(x_tr, y_tr, log) if train else load_fp32_onnx(bundled.default_fp32_path())
+        with torch.no_grad():
+            fp32_acc = top1(fp32(torch.from_numpy(x_te)).numpy(), y_te)
+        cfg = {**QAT_CONFIG, "epochs": epochs}
+        with tempfile.TemporaryDirectory() as tmp:
+            return [
+                {"fp32": fp32_acc, **ptq_and_qat(fp32, data, bits, cfg, Path(tmp), log=log)}
+                for bits in weight_bits
+            ]
 
 
 def table(rows: list[dict], epochs: int) -> str:

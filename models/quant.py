@@ -185,6 +185,16 @@ class QConv2d(nn.Conv2d):
         return self._conv_forward(x, w, self.bias)
 
 
+def refresh_weight_scales(model: nn.Module, qmax: int = 127) -> None:
+    """``w_scale = max|w| / qmax`` per output channel of every fake-quant Linear/Conv2d of ``model`` (QAT: the
+    weights moved; the export carries the new scales)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, QLinear | QConv2d):
+                amax = m.weight.abs().flatten(1).amax(dim=1)
+                m.w_scale.copy_(amax.clamp(min=MIN_SCALE) / qmax)
+
+
 def _act_quantizer(
     role: str,
     act_dtype: torch.dtype,

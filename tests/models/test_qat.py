@@ -95,6 +95,21 @@ def test_ablation_kernels_integer_graph_equals_qat_model(tmp_path):
     assert_graph_equals_qat_model(trained, (model, report))
 
 
+def test_integer_accuracy_exports_the_weight_scales_the_model_uses(trained, tmp_path):
+    """After an optimizer step the weight scales are stale until the next forward refreshes them:
+    ``qat_digits.integer_accuracy`` runs the model first, so its export carries the same scales."""
+    import copy
+
+    from ivit_onnx.models.qat_digits import integer_accuracy
+
+    qm, _, x, y, _ = trained
+    qm = copy.deepcopy(qm)
+    with torch.no_grad():  # as a training step would: the largest weights of fc1 move
+        qm.fq.blocks[0].mlp.fc1.weight.mul_(1.05)
+    _, exact = integer_accuracy(qm, x[:64], y[:64], tmp_path, "stale")
+    assert exact
+
+
 def test_every_integer_tensor_is_in_the_integer_graph(trained, converted):
     """Tensor for tensor: each op output the QAT model computes (Requantize, IAdd, Shiftmax, ShiftGELU,
     ILayerNorm, integer MatMul/Conv + bias, Concat) is, bit for bit, a tensor of the converted graph."""

@@ -1,7 +1,8 @@
 """How close the paper's Softmax ablation kernels come to float (IBertSoftmax, LogIntSoftmax), set up as the
 converter sets them up (``ivit_onnx.qparams.poly_softmax``: the scores' grid upscaled exactly or shifted
 down to ``x0`` in ``[1024, 2048]``, I-BERT's coefficients on it, ``n`` from ``max_n``), on the attention-like
-scores of :mod:`tests.opset.test_approx`. Errors are absolute, also in LSBs of the output scale ``2**-bits``.
+scores of :mod:`ivit_onnx.opset.approx` (``softmax_cases``), which also runs the kernels. Errors are absolute,
+also in LSBs of the output scale ``2**-bits``.
 
 - IBertSoftmax against the float softmax of the same integers, next to Shiftmax at the same precision.
 - LogIntSoftmax against FQ-ViT's own float formula on that float softmax (``2**-q`` for ``q =
@@ -21,24 +22,8 @@ import numpy as np
 import pytest
 
 from ivit_onnx import qparams
-from ivit_onnx.affine import Affine
-from ivit_onnx.opset import OPS
 from ivit_onnx.opset import log_int_softmax as lis
-from tests.opset.test_approx import LONG, Err, int8_scores, int32_scores, our_shiftmax, softmax
-
-SIGMAS = [0.5, 1.0, 3.0, 6.0, 12.0]
-ROWS = [197, 1024, 4096]
-
-
-def ours(op: str, x: np.ndarray, s: float, yt, bits: int) -> np.ndarray:
-    """``op`` on integer scores ``x`` of scale ``s`` as the converter emits it, read as probabilities."""
-    a = Affine(np.float64(s), 0, x.dtype, bound=int(np.abs(x.astype(np.int64)).max()))
-    pp = qparams.poly_softmax(a, x.shape[-1], Affine(np.float64(2.0**-bits), 0, yt), 1024)
-    g = pp.grid
-    lo, hi = g.a.qrange
-    m, c = np.int64(g.m), np.int64(g.c)
-    xg = OPS["Requantize"].run(x, x.dtype.type(0), m, c, np.int32(0), qmin=lo, qmax=hi)
-    return OPS[op].run(xg, yt(0), **pp.attrs(op)).astype(np.float64) * 2.0**-bits
+from ivit_onnx.opset.approx import Err, run_softmax, softmax, softmax_cases
 
 
 def fq_vit_levels(p: np.ndarray, bits: int, log_bits: int = qparams.LIS_LOG_BITS) -> np.ndarray:
@@ -69,7 +54,7 @@ class LisErr:
 
 def lis_errors(x, s, bits: int = 8, yt=np.uint8) -> LisErr:
     p = softmax(x.astype(np.float64) * s)
-    y = ours("LogIntSoftmax", x, s, yt, bits)
+    y = run_softmax("LogIntSoftmax", x, s, yt, bits)
     diff = np.abs(level_of(y, bits) - fq_vit_levels(p, bits))
     return LisErr(float((diff > 0).mean()), int(diff.max()), Err.of(y, p, 2.0**-bits))
 
@@ -77,24 +62,17 @@ def lis_errors(x, s, bits: int = 8, yt=np.uint8) -> LisErr:
 def ibert_errors(x, s):
     want = softmax(x.astype(np.float64) * s)
     return (
-        Err.of(ours("IBertSoftmax", x, s, np.int8, 7), want, 2.0**-7),
-        Err.of(ours("IBertSoftmax", x, s, np.int16, 15), want, 2.0**-15),
-        Err.of(our_shiftmax(x, s, np.int16, 15), want, 2.0**-15),
+        Err.of(run_softmax("IBertSoftmax", x, s, np.int8, 7), want, 2.0**-7),
+        Err.of(run_softmax("IBertSoftmax", x, s, np.int16, 15), want, 2.0**-15),
+        Err.of(run_softmax("Shiftmax", x, s, np.int16, 15), want, 2.0**-15),
     )
 
 
-def cases():
-    for sigma in SIGMAS:
-        yield f"int8 scores sigma={sigma}", int8_scores(sigma)
-    for row in ROWS:
-        yield f"int32 q.k row={row}", int32_scores(row, seed=row, **LONG.get(row, {}))
-
-
-CASES = dict(cases())
+CASES = dict(softmax_cases())
 
 
 # |IBertSoftmax - softmax| with 7 fraction bits: measured max 1.09 LSB (int_div floors: up to 1 LSB by
-# itself), mean 0.50 LSB; with 15 bits: measured max 27.2 LSB (8.3e-4), mean 0.61 LSB, Shiftmax's max 513 LSB
+# itself), mean 0.50 LSB; with 15 bits: measured max 27.2 LSB (8.3e-4), mean 0.61 LSB, Shiftmax's max 480 LSB
 IBERT_MAX_7, IBERT_MEAN_7 = 1.15 * 2.0**-7, 0.55 * 2.0**-7
 IBERT_MAX_15, IBERT_MEAN_15 = 9e-4, 0.7 * 2.0**-15
 
@@ -119,7 +97,7 @@ def test_log_int_softmax(case, bits, yt):
     assert err.most <= 1 and err.moved <= LIS_MOVED, err
     # the log quantization itself: a level is within p/2 of p (measured: p/2 + 0.67 LSB at most)
     p = softmax(x.astype(np.float64) * s)
-    y = ours("LogIntSoftmax", x, s, yt, bits)
+    y = run_softmax("LogIntSoftmax", x, s, yt, bits)
     assert np.all(np.abs(y - p) <= p / 2 + 2.0**-bits)
 
 
