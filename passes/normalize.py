@@ -38,6 +38,15 @@ REFUSED = {
 }
 
 
+def _same_type_cast(node: gs.Node) -> bool:
+    """A Cast to the type its input already has (Hugging Face's ``pixel_values.to(dtype)`` before the input
+    quantize): the identity, removed like Identity so no float op is left in front of the input quantize."""
+    if node.op != "Cast" or not node.inputs or node.inputs[0].dtype is None:
+        return False
+    to = onnx.helper.tensor_dtype_to_np_dtype(node.attrs.get("to", 0)) if node.attrs.get("to") else None
+    return to is not None and np.dtype(node.inputs[0].dtype) == np.dtype(to)
+
+
 def _type_form(dt: np.dtype | None, dequantize: bool = False) -> str | None:
     """Why a Q/DQ element type cannot be read (None when it can; DequantizeLinear also reads int32 biases)."""
     if dt is None or dt in _INT_TYPES or (dequantize and dt == np.dtype(np.int32)):
@@ -135,7 +144,7 @@ class Normalize(Pass):
         if changed:
             g.cleanup().toposort()
         for node in list(g.nodes):
-            if node.op in ("Identity", "Dropout") and node.outputs:
+            if (node.op in ("Identity", "Dropout") or _same_type_cast(node)) and node.outputs:
                 self._bypass(ctx, node)
                 changed = True
         for node in g.nodes:
@@ -244,7 +253,8 @@ class Normalize(Pass):
 
     def _bypass(self, ctx: Context, node: gs.Node) -> None:
         if node.outputs[0] not in ctx.graph.outputs:
-            self._replace(ctx, node, node.inputs[0], f"{node.op} removed")
+            what = "Cast to the same type removed" if node.op == "Cast" else f"{node.op} removed"
+            self._replace(ctx, node, node.inputs[0], what)
 
     def _replace(self, ctx: Context, node: gs.Node, new: gs.Tensor, what: str = "Constant folded") -> None:
         """Every reader of ``node``'s output reads ``new``; the node is left for cleanup; counted."""
