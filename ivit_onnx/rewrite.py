@@ -7,6 +7,7 @@ import onnx
 from .errors import ConversionError, one_line
 from .io import check_output_path, save_model, skeleton
 from .pipeline import Options, Pipeline, Report
+from .weights import unshare_gemm_weights
 
 
 def rewrite(
@@ -31,6 +32,9 @@ def rewrite(
     pipe = pipeline or Pipeline.default()
     out, report = pipe.run(model, Options(**options), stop_after=stop_after, base_dir=base_dir)
     if stop_after is None or stop_after == pipe.names[-1]:
+        copies = unshare_gemm_weights(out)
+        if copies:
+            report.counts.setdefault("finalize", {})["shared GEMM weight copied"] = copies
         _check(out)
         if not options.get("allow_float"):
             _certify(out)
