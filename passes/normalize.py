@@ -47,6 +47,22 @@ def _same_type_cast(node: gs.Node) -> bool:
     return to is not None and np.dtype(node.inputs[0].dtype) == np.dtype(to)
 
 
+def _infinite_scale(node: gs.Node, where: str, name: str, scale: np.ndarray) -> str:
+    """The refusal of a non-finite scale, with its cause and what to do: the quantizer calibrated a tensor
+    holding inf or NaN (MPNet's relative-position buckets take log(0) = -inf), so the fake-quant model itself
+    computes NaN there; the fix is to leave the op that makes that tensor unquantized."""
+    src = node.inputs[0].inputs[0] if node.inputs and node.inputs[0].inputs else None
+    op = src if src is not None and src.op != "QuantizeLinear" else None
+    culprit = f"{node_label(op)}, which makes tensor '{node.inputs[0].name}'" if op else f"tensor '{name}'"
+    exclude = f"'{op.name}'" if op is not None and op.name else "that node"
+    return (
+        f"{where}: scale '{name}' is not finite ({scale.ravel()[:4]}): the quantizer calibrated it on values "
+        f"that include inf or NaN (e.g. log(0) in relative-position buckets) from {culprit}, so the "
+        f"fake-quant model computes NaN there; quantize again with {exclude} excluded (onnxruntime "
+        "quantize_static: nodes_to_exclude; NNCF: ignored_scope)"
+    )
+
+
 def _type_form(dt: np.dtype | None, dequantize: bool = False) -> str | None:
     """Why a Q/DQ element type cannot be read (None when it can; DequantizeLinear also reads int32 biases)."""
     if dt is None or dt in _INT_TYPES or (dequantize and dt == np.dtype(np.int32)):
@@ -232,7 +248,7 @@ class Normalize(Pass):
         if node.op == "QuantizeLinear":
             _refuse_quantized_mask(node, scale)
         if not np.all(np.isfinite(scale)):
-            raise ConversionError(f"{where}: scale '{name}' is not finite ({scale.ravel()[:4]})")
+            raise ConversionError(_infinite_scale(node, where, name, scale))
         if np.any(scale <= 0):
             raise ConversionError(f"{where}: scale '{name}' must be positive, got {scale.ravel().min():g}")
         if len(node.inputs) > 2 and node.inputs[2].name and const_array(node.inputs[2]) is None:
