@@ -19,16 +19,13 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from . import qparams
 from .errors import ConversionError, one_line
 from .io import atomic_output, default_opset, ensure_opset, fold_quantized_weights, load_model, skeleton
 
-#: the integer kernel choices of each nonlinear op (the paper's ablation, Table 2); the first is the default
-#: (I-ViT's Shiftmax / ShiftGELU / I-LayerNorm), then I-BERT's polynomials, FQ-ViT's LIS, L1 LayerNorm
-KERNELS: dict[str, tuple[str, ...]] = {
-    "softmax": ("shiftmax", "ibert", "lis"),
-    "gelu": ("shiftgelu", "ibert"),
-    "layernorm": ("ilayernorm", "l1"),
-}
+#: the integer kernel choices of each nonlinear op, the default first (names of ``qparams.KERNELS``, the one
+#: table of kernel choices: I-ViT's Shiftmax / ShiftGELU / I-LayerNorm, then the paper's ablation kernels)
+KERNELS: dict[str, tuple[str, ...]] = {op: tuple(choices) for op, choices in qparams.KERNELS.items()}
 
 
 @dataclass
