@@ -11,6 +11,7 @@ rewrote in ``ctx.counts``; the report is built from those counts. Users reorder,
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,8 @@ class Report:
     counts: dict[str, dict[str, int]]
     notes: dict[str, Any]
     passes_run: list[str]
+    #: wall seconds per pass (kept out of ``to_dict``: the report's JSON stays the same run to run)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"passes": self.passes_run, "counts": self.counts, **self.notes}
@@ -196,12 +199,14 @@ class Pipeline:
             ir_version=proto.ir_version,
         )
         del proto, inferred
-        ran = []
+        ran, seconds = [], {}
         for p in self.passes:
             missing = [r for r in p.requires if r not in _guaranteed(self.passes[: len(ran)])]
             if missing:
                 raise ConversionError(f"pass {p.name} requires {missing}, which no earlier pass guarantees")
+            start = time.perf_counter()
             _run_pass(p, ctx)
+            seconds[p.name] = seconds.get(p.name, 0.0) + time.perf_counter() - start
             ran.append(p.name)
             if p.name == stop_after:
                 break
@@ -218,7 +223,7 @@ class Pipeline:
         out.producer_name, out.producer_version = "ivit-onnx", _version()
         for k, v in sorted(ctx.metadata.items()):
             out.metadata_props.add(key=k, value=v)
-        return out, Report({k: dict(v) for k, v in ctx.counts.items()}, dict(ctx.notes), ran)
+        return out, Report({k: dict(v) for k, v in ctx.counts.items()}, dict(ctx.notes), ran, seconds)
 
 
 def _run_pass(p: Pass, ctx: Context) -> None:

@@ -57,7 +57,7 @@ def _infinite_scale(node: gs.Node, where: str, name: str, scale: np.ndarray) -> 
     exclude = f"'{op.name}'" if op is not None and op.name else "that node"
     return (
         f"{where}: scale '{name}' is not finite ({scale.ravel()[:4]}): the quantizer calibrated it on values "
-        f"that include inf or NaN (e.g. log(0) in relative-position buckets) from {culprit}, so the "
+        f"that include inf or NaN (a -inf mask fill, log(0) in position buckets) from {culprit}, so the "
         f"fake-quant model computes NaN there; quantize again with {exclude} excluded (onnxruntime "
         "quantize_static: nodes_to_exclude; NNCF: ignored_scope)"
     )
