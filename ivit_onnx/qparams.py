@@ -294,6 +294,9 @@ def _layernorm(
         top = float(np.max(np.abs(gamma))) * (unit if reach is None else reach) + float(np.max(np.abs(beta)))
         t = Affine(np.float64(top / 32767 if top > 0 else 1.0), 0, np.int16)
     mult = unit * gamma / (2.0**p * float(t.scale))
+    # a dead channel (pretrained weights hold gamma entries like -5e-33) moves its output by less than 2**-20
+    # of a step even at the largest |u| = 2**p: its multiplier is 0, the output its bias alone
+    mult = np.where(np.abs(mult) * 2.0**p < 2.0**-20, 0.0, mult)
     shifted_beta = beta / float(t.scale)
     b = np.zeros(c_len, np.int64)
     c = np.zeros(c_len, np.int64)
