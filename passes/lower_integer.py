@@ -21,7 +21,7 @@ from ivit_onnx.pipeline import Context, Pass
 from .fuse_gelu import unfuse
 from .pattern import match
 from .rules import RULES, Lowerer, Outcome, token_mask
-from .rules.lowerer import macs
+from .rules.lowerer import MAC_OPS, macs
 
 
 def _is_float(t: gs.Tensor) -> bool:
@@ -142,7 +142,7 @@ class LowerInteger(Pass):
             ):
                 islands[node_label(node)] = outcome
                 island_nodes.append(node)
-                float_macs += macs(node) if node.op in ("MatMul", "Gemm", "Conv") else 0
+                float_macs += macs(node) if node.op in MAC_OPS else 0
                 gelus += [node] if node.op == "Gelu" and ctx.opset < 20 else []
             for i, t in enumerate(node.inputs):
                 if lw.get(t) is not None:
