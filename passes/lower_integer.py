@@ -43,21 +43,28 @@ def _lower(lw: Lowerer, node: gs.Node) -> Outcome | str:
         return one_line(e)
 
 
-def _shape_hint(g: gs.Graph, nodes: list[gs.Node]) -> str:
-    """Advice when islands are computed from the shapes of inputs with symbolic dimensions alone (Hugging
-    Face's masks and views): fixing the shapes lets ``fold_constants`` turn them into constants. Islands that
-    read data (a float op on activations) get no such advice: fixing shapes would not remove them."""
+#: the words of a rule's decline when it needs a dimension the graph does not state ("the channel count is
+#: unknown"): static input shapes may give it one
+UNKNOWN_DIMENSION = "unknown"
+
+
+def _shape_hint(g: gs.Graph, nodes: list[gs.Node], reasons: list[str]) -> str:
+    """Advice when fixing the input shapes would remove islands: those computed from the shapes of inputs
+    with symbolic dimensions alone (Hugging Face's masks and views), which ``fold_constants`` then turns into
+    constants, and those whose rule declined for an unknown dimension. Islands that read data for any other
+    reason (a float op on activations) get no such advice: fixing shapes would not remove them."""
     shown = {t.name: [str(d) if isinstance(d, int) else "?" for d in t.shape or []] for t in g.inputs}
     symbolic = {k: v for k, v in shown.items() if "?" in v}
     if not symbolic:
         return ""
     memo: dict[str, bool | None] = {}
-    derived = [n for n in nodes if _from_shapes(n, memo)]
-    if not derived:
+    fixable = [n for n, why in zip(nodes, reasons, strict=True)
+               if UNKNOWN_DIMENSION in why or _from_shapes(n, memo)]
+    if not fixable:
         return ""
     dims = ", ".join(f"{k}: [{','.join(v)}]" for k, v in symbolic.items())
     return (
-        f"{len(derived)} of them are computed only from symbolic input shapes ({dims}): fix those with "
+        f"{len(fixable)} of them depend on symbolic input shapes ({dims}): fix those with "
         "--shape NAME=D0,D1,...; "
     )
 
@@ -153,7 +160,8 @@ class LowerInteger(Pass):
         fused = ctx.notes.get("declined", {})  # a fusion's reason explains the island it leaves
         reasons = {k: v + (f" ({fused[k]})" if k in fused else "") for k, v in islands.items()}
         if islands and not ctx.options.allow_float:
-            raise ConversionError(_island_message(reasons, island_nodes, _shape_hint(g, island_nodes)))
+            hint = _shape_hint(g, island_nodes, [reasons[node_label(n)] for n in island_nodes])
+            raise ConversionError(_island_message(reasons, island_nodes, hint))
         ctx.notes["float_islands"] = list(islands)
         ctx.notes["float_island_reasons"] = reasons
         integer = ctx.notes.get("integer_macs", 0)

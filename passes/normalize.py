@@ -47,6 +47,24 @@ def _same_type_cast(node: gs.Node) -> bool:
     return to is not None and np.dtype(node.inputs[0].dtype) == np.dtype(to)
 
 
+def _scalar_params(node: gs.Node, scalars: dict[str, gs.Constant]) -> bool:
+    """A one-element 1-D scale and zero point (NNCF writes ``[1]``) become scalars (``scalars``: those made,
+    by name), the same per-tensor quantization: onnxruntime fuses an ``--allow-float`` island's DQ → op → Q
+    into QLinear ops that need scalars ("Scale and Zero-point must be a scalar")."""
+    changed = False
+    for i in (1, 2):
+        t = node.inputs[i] if len(node.inputs) > i else None
+        v = const_array(t) if t is not None and t.name else None
+        if v is not None and v.size == 1 and v.ndim > 0:
+            if t.name not in scalars:  # one scalar per shared parameter
+                scalars[t.name] = gs.Constant(f"{t.name}_scalar", v.reshape(()).copy())
+            node.inputs[i] = scalars[t.name]
+            changed = True
+    if changed:
+        node.attrs.pop("axis", None)
+    return changed
+
+
 def _infinite_scale(node: gs.Node, where: str, name: str, scale: np.ndarray) -> str:
     """The refusal of a non-finite scale, with its cause and what to do: the quantizer calibrated a tensor
     holding inf or NaN (MPNet's relative-position buckets take log(0) = -inf), so the fake-quant model itself
@@ -163,10 +181,12 @@ class Normalize(Pass):
             if (node.op in ("Identity", "Dropout") or _same_type_cast(node)) and node.outputs:
                 self._bypass(ctx, node)
                 changed = True
+        scalars: dict[str, gs.Constant] = {}
         for node in g.nodes:
             if node.op in _QDQ:
                 changed |= self._explicit_zero_point(ctx, node)
                 self._check_params(node)
+                changed |= _scalar_params(node, scalars)
         for node in list(g.nodes):
             if node.op == "QuantizeLinear" and const_array(node.inputs[0]) is not None:
                 self._fold_quantize(ctx, node)

@@ -251,7 +251,10 @@ class Lowerer:
         # DequantizeLinear writes its scale's type; other than float32 only from opset 19 (else a Cast after)
         sdt = fdt if self.ctx.opset >= 19 else np.dtype(np.float32)
         deq = out if sdt == fdt else gs.Variable(self.fresh("dequant_f32"), dtype=sdt)
-        inputs = [it, self.const(scale.astype(sdt).reshape(zp.shape), "scale"), self.const(zp, "zp")]
+        # scalars stay 0-d (``const`` would make them 1-d): onnxruntime fuses an island's DQ → op → Q into
+        # QLinear ops that take scalar scales and zero points only
+        scale = scale.astype(sdt).reshape(zp.shape)
+        inputs = [it, *(gs.Constant(self.fresh(k), v.copy()) for k, v in (("scale", scale), ("zp", zp)))]
         self.g.nodes.append(
             gs.Node("DequantizeLinear", name=self.fresh("dequant"), attrs=attrs, inputs=inputs, outputs=[deq])
         )

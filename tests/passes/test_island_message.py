@@ -42,7 +42,7 @@ def _shape_scaled(batch):
 
 def test_shape_hint_only_for_islands_computed_from_symbolic_shapes():
     message = _refusal(_shape_scaled("N"))
-    assert "1 of them are computed only from symbolic input shapes (x: [?,8])" in message
+    assert "1 of them depend on symbolic input shapes (x: [?,8])" in message
     assert "--shape NAME=" in message
     # the advice is true: with the batch fixed the factor folds and the model converts strictly
     fq = _shape_scaled("N")
@@ -61,3 +61,24 @@ def test_infinite_scale_says_its_cause_and_what_to_do():
     message = _refusal(g.model())
     assert "\n" not in message and "is not finite" in message
     assert "Log '" in message and "nodes_to_exclude" in message and "ignored_scope" in message
+
+
+def test_one_element_scales_become_scalars_so_islands_load_in_onnxruntime():
+    """NNCF writes ``[1]``-shaped scales; an ``--allow-float`` island keeps its Q/DQ, which onnxruntime fuses
+    into QLinear ops that take scalars only: the converted model's Q/DQ parameters are scalars."""
+    from onnx import numpy_helper
+
+    g = G()
+    x = g.input("x", ["N", 8])
+    s, z = g.const([0.05]), g.const([0], np.int8)
+    dq = g.node("DequantizeLinear", [g.node("QuantizeLinear", [x, s, z]), s, z])
+    y = g.node("Pow", [dq, dq])
+    g.output(g.node("DequantizeLinear", [g.node("QuantizeLinear", [y, s, z]), s, z]))
+    fq = g.model()
+    out, _ = rewrite(fq, allow_float=True)
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    for n in out.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            assert all(inits[t].ndim == 0 for t in n.input[1:] if t in inits), n.name
+    feeds = {"x": np.linspace(0.5, 2, 16, dtype=np.float32).reshape(2, 8)}
+    np.testing.assert_allclose(run(out, feeds)[0], run(fq, feeds)[0], atol=0.05 + 1e-6)
