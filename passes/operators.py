@@ -2,7 +2,8 @@
 (``python -m ivit_onnx.passes.operators --docs`` writes it; ``tests/passes/test_operator_table.py`` checks it
 against the rule table, the fusions and the docs).
 
-Statuses: ``rule`` (a lowering rule of ``passes/rules`` gives it an integer meaning), ``fused`` (part of a
+Statuses: ``rule`` (a lowering rule of ``passes/rules`` gives it an integer meaning), ``expanded`` (a pass
+rewrites it into operators with rules, e.g. GroupNormalization into ILayerNorm rows), ``fused`` (part of a
 decomposed GELU / LayerNorm / softmax form that a fusion pass turns into one private op), ``refused`` (a
 toolkit form ``normalize`` refuses with what to do), ``none`` (no integer meaning, with the reason). Every
 operator also folds into a constant where all its inputs are constants or static shapes (``fold_constants``),
@@ -87,15 +88,25 @@ def fused_ops() -> dict[str, str]:
     return {op: ", ".join(sorted(names)) for op, names in out.items()}
 
 
+def expanded_ops() -> dict[str, str]:
+    """op -> the pass that rewrites it into operators with rules (a pass's ``ops``)."""
+    from ivit_onnx.pipeline import Pipeline
+
+    return {op: p.name for p in Pipeline.default().passes for op in getattr(p, "ops", ())}
+
+
 def table() -> list[tuple[str, str, str]]:
     """``(operator, status, note)`` for every standard operator."""
     from .normalize import REFUSED
     from .rules import RULES
 
     fused, reasons = fused_ops(), {op: why for why, ops in NO_RULE.items() for op in ops}
+    expanded = expanded_ops()
     rows = []
     for op in onnx_operators():
-        if op in RULES:
+        if op in expanded:
+            rows.append((op, "expanded", f"`passes/{expanded[op]}.py` rewrites it into operators with rules"))
+        elif op in RULES:
             rule = type(RULES[op]).__module__.rsplit(".", 1)[-1]
             rows.append((op, "rule", f"`passes/rules/{rule}.py` ({type(RULES[op]).__name__})"))
         elif op in REFUSED:

@@ -21,6 +21,7 @@ def test_default_order():
     assert Pipeline.default().names == [
         "fold_constants",
         "normalize",
+        "expand_norms",
         "fuse_gelu",
         "fuse_layernorm",
         "fuse_softmax",
