@@ -4,6 +4,7 @@ self-registers); ``RULES`` maps every op type a rule's pattern names to that rul
 from __future__ import annotations
 
 from . import (
+    batchnorm,
     chain,
     elementwise,
     layout,
@@ -38,6 +39,7 @@ LOWERING = (
     layout.PassThrough(),
     pool.ReduceMeanRule(),  # #11 (Swin)
     pad.PadRule(),  # #11 (Swin)
+    batchnorm.BatchNorm(),  # #27 (LeViT, BatchNorm after a Conv or Linear)
     lookup.TableLookup(),  # #22 (BERT's pooler Tanh)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
