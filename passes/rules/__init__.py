@@ -17,6 +17,7 @@ from . import (
     pad,
     pool,
     qdq,
+    select,
     token_mask,
 )
 from .lowerer import Lowerer, Outcome
@@ -40,6 +41,9 @@ LOWERING = (
     pool.ReduceMeanRule(),  # #11 (Swin)
     pad.PadRule(),  # #11 (Swin)
     batchnorm.BatchNorm(),  # #27 (LeViT, BatchNorm after a Conv or Linear)
+    select.OrderSelection(),  # #27 (ReduceMax/Min, GlobalMaxPool, TopK)
+    select.ResizeNearest(),  # #27
+    select.Scatter(),  # #27 (ScatterND, ScatterElements)
     lookup.TableLookup(),  # #22 (BERT's pooler Tanh)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
