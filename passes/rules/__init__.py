@@ -44,6 +44,7 @@ LOWERING = (
     select.OrderSelection(),  # #27 (ReduceMax/Min, GlobalMaxPool, TopK)
     select.ResizeNearest(),  # #27
     select.Scatter(),  # #27 (ScatterND, ScatterElements)
+    pool.AveragePoolRule(),  # #27
     lookup.TableLookup(),  # #22 (BERT's pooler Tanh)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
