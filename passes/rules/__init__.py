@@ -17,6 +17,7 @@ from . import (
     pad,
     pool,
     qdq,
+    resize,
     select,
     token_mask,
 )
@@ -42,7 +43,7 @@ LOWERING = (
     pad.PadRule(),  # #11 (Swin)
     batchnorm.BatchNorm(),  # #27 (LeViT, BatchNorm after a Conv or Linear)
     select.OrderSelection(),  # #27 (ReduceMax/Min, GlobalMaxPool, TopK)
-    select.ResizeNearest(),  # #27
+    resize.Resize(),  # #27 (nearest; linear/cubic with dyadic weights)
     select.Scatter(),  # #27 (ScatterND, ScatterElements)
     pool.AveragePoolRule(),  # #27
     lookup.TableLookup(),  # #22 (BERT's pooler Tanh)

@@ -2,7 +2,6 @@
 
 - ReduceMax / ReduceMin / GlobalMaxPool / TopK: ``(q - zp) * s`` is increasing in ``q`` (``s > 0``), so the
   same op on the integers selects the same elements, ties and TopK's indices included (exact).
-- Resize in mode ``nearest`` copies elements (exact); ``linear``/``cubic`` mix them and decline.
 - ScatterND / ScatterElements write ``updates`` into ``data``: exact when both have one type (else decline).
 
 onnxruntime runs some of these on 8-bit and 32-bit integers only: other types are widened to int32 and
@@ -15,21 +14,20 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ivit_onnx.affine import Affine
-from ivit_onnx.graph import const_array
 
 from ..pattern import Op, Rule
-from .lowerer import Lowerer, Outcome, optional_input
+from .lowerer import Lowerer, Outcome
 
 _EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 #: the element types onnxruntime's CPU kernels take, by op (others are widened to int32)
 _KERNEL_TYPES = {
     "ReduceMax": (*_EIGHT_BIT, np.dtype(np.int32)),
     "ReduceMin": (*_EIGHT_BIT, np.dtype(np.int32)),
-    "Resize": (*_EIGHT_BIT, np.dtype(np.int32)),
+    "Resize": (*_EIGHT_BIT, np.dtype(np.int32)),  # (resize.py)
 }
 
 
-def _on_integers(lw: Lowerer, node, op: str, inputs: list, a: Affine, attrs: dict) -> None:
+def on_integers(lw: Lowerer, node, op: str, inputs: list, a: Affine, attrs: dict) -> None:
     """``op`` on integer ``inputs[0]`` of type ``a`` (widened to int32 and back where onnxruntime needs);
     its output bound to ``node``'s with type ``a``."""
     it, wide = inputs[0], a.dtype not in _KERNEL_TYPES.get(op, (a.dtype,))
@@ -60,62 +58,17 @@ class OrderSelection(Rule):
         if node.op == "GlobalMaxPool":
             axes = list(range(2, len(node.inputs[0].shape)))
             if lw.ctx.opset >= 18:
-                _on_integers(lw, node, "ReduceMax", [it, lw.const(np.array(axes, np.int64), "axes")], a, {})
+                on_integers(lw, node, "ReduceMax", [it, lw.const(np.array(axes, np.int64), "axes")], a, {})
             else:
-                _on_integers(lw, node, "ReduceMax", [it], a, {"axes": axes})
+                on_integers(lw, node, "ReduceMax", [it], a, {"axes": axes})
         elif node.op == "TopK":  # the integer TopK writes the original int64 indices tensor
             values = gs.Variable(lw.fresh("topk_values"), dtype=a.dtype, shape=node.outputs[0].shape)
             args, outs = [it, *node.inputs[1:]], [values, node.outputs[1]]
             lw.g.nodes.append(gs.Node("TopK", lw.fresh("topk"), dict(node.attrs), args, outs))
             lw.set(node.outputs[0], values, a)
         else:
-            _on_integers(lw, node, node.op, [it, *node.inputs[1:]], a, node.attrs)
+            on_integers(lw, node, node.op, [it, *node.inputs[1:]], a, node.attrs)
         lw.ctx.count("lower_integer", f"{node.op} on the integers")
-        return Outcome.HANDLED
-
-
-def _resize_sizes(node) -> np.ndarray | str:
-    """A Resize's output sizes as int64 (its ``scales`` are float: the integer graph takes ``sizes``), or why
-    they cannot stand for the scales (the same output coordinates need ``out / in == scale`` exactly)."""
-    sizes = const_array(optional_input(node, 3))
-    if sizes is not None:
-        return sizes.astype(np.int64)
-    scales, roi = const_array(optional_input(node, 2)), optional_input(node, 1)
-    axes = node.attrs.get("axes")
-    shape_in, shape_out = node.inputs[0].shape, node.outputs[0].shape
-    if scales is None or (roi is not None and const_array(roi) is None):
-        return "scales or sizes not constant"
-    if shape_in is None or shape_out is None or not all(isinstance(d, int) for d in [*shape_in, *shape_out]):
-        return "shapes not static"
-    axes = list(axes) if axes is not None else list(range(len(shape_in)))
-    sizes = np.array([shape_out[a] for a in axes], np.int64)
-    ratio = np.float32(sizes / np.array([shape_in[a] for a in axes]))
-    if not np.array_equal(ratio, scales.astype(np.float32)):
-        return f"scales {scales.tolist()} are not the exact ratio of the static sizes {sizes.tolist()}"
-    return sizes
-
-
-class ResizeNearest(Rule):
-    """Resize in mode ``nearest`` copies elements: it runs on the integers (given the output ``sizes``), the
-    type passes through."""
-
-    pattern = Op("Resize")
-
-    def check(self, lw, m):
-        mode = m.root.attrs.get("mode", "nearest")
-        mode = mode.decode() if isinstance(mode, bytes) else mode
-        if mode != "nearest":
-            return f"mode '{mode}' interpolates between elements: no exact integer form (use mode 'nearest')"
-        sizes = _resize_sizes(m.root)
-        return sizes if isinstance(sizes, str) else lw.missing(m.root.inputs[0])
-
-    def rewrite(self, lw, m):
-        node = m.root
-        it, a = lw.per_tensor(*lw.get(node.inputs[0]))
-        sizes = lw.const(_resize_sizes(node), "sizes")
-        attrs = {k: v for k, v in node.attrs.items() if k != "keep_aspect_ratio_policy"}
-        _on_integers(lw, node, "Resize", [it, gs.Variable.empty(), gs.Variable.empty(), sizes], a, attrs)
-        lw.ctx.count("lower_integer", "Resize (nearest) on the integers")
         return Outcome.HANDLED
 
 

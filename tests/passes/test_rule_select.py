@@ -1,6 +1,6 @@
-"""Selections and index writes (passes/rules/select.py): ReduceMax/ReduceMin/GlobalMaxPool/TopK, Resize
-nearest and ScatterND/ScatterElements run on the integers and give exactly the fake-quant values (TopK's
-indices too); Resize linear and scatters of two types decline."""
+"""Selections and index writes (passes/rules/select.py): ReduceMax/ReduceMin/GlobalMaxPool/TopK and
+ScatterND/ScatterElements run on the integers and give exactly the fake-quant values (TopK's indices too);
+scatters of two types decline."""
 
 from __future__ import annotations
 
@@ -47,15 +47,6 @@ def test_topk_values_and_indices_are_exact():
     assert op_counts(out).get("TopK") == 1
 
 
-def test_resize_nearest_is_exact():
-    g = G(opset=18)
-    x = g.qdq(g.input("img", [1, 2, 6, 6]), 0.03, 7, np.uint8)
-    scales = g.const([1, 1, 2, 1.5])
-    g.output(g.qdq(g.node("Resize", [x, "", scales], mode="nearest"), 0.03, 7, np.uint8))
-    out, _ = lowered(g.model(), {"img": IMG}, 1e-6)
-    assert op_counts(out).get("Resize") == 1
-
-
 @pytest.mark.parametrize("op", ["ScatterND", "ScatterElements"])
 def test_scatter_of_one_type_is_exact(op):
     g = G()
@@ -74,17 +65,13 @@ def test_scatter_of_one_type_is_exact(op):
 @pytest.mark.parametrize(
     "case, op, reason",
     [
-        ("linear", "Resize", "mode 'linear' interpolates between elements"),
         ("scatter", "ScatterND", "are not of one quantized type"),
         ("float", "TopK", "input 'x' is not quantized"),
     ],
 )
 def test_declines_with_the_reason(case, op, reason):
     g = G(opset=18)
-    if case == "linear":
-        x = g.qdq(g.input("x", [1, 2, 6, 6]), 0.03)
-        y = g.node("Resize", [x, "", g.const([1, 1, 2, 2])], mode="linear")
-    elif case == "scatter":
+    if case == "scatter":
         x = g.qdq(g.input("x", [2, 6, 16]), 0.03)
         y = g.node("ScatterND", [x, g.const([[0, 1]], np.int64), g.qdq(g.input("u", [1, 16]), 0.05)])
     else:
