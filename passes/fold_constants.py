@@ -305,13 +305,18 @@ def _cone(t: gs.Tensor, const: set[str]) -> list[gs.Node]:
 def _fold_target(t: gs.Tensor, const: set[str]) -> gs.Tensor | None:
     """What to fold for a constant tensor ``t`` read by a non-constant node: ``t`` itself, or the input of a
     final QuantizeLinear→DequantizeLinear pair (kept: the reader sees a quantized constant and its scale);
-    None when nothing is computed there (a weight's integers through DequantizeLinear and layout ops)."""
+    None when nothing is computed there (a weight's integers through DequantizeLinear and layout ops), when
+    no Q/DQ is inside (step 4 folds those, or left them for their size) or when the value is too large."""
     dq = producer(t)
     if dq is not None and dq.op == "DequantizeLinear":
         q = producer(dq.inputs[0])
         if q is not None and q.op == "QuantizeLinear":
             t = q.inputs[0]
-    if producer(t) is None or all(n.op in _LAYOUT for n in _cone(t, const)):
+    cone = _cone(t, const)
+    if not cone or all(n.op in _LAYOUT for n in cone) or not any(n.op in _QDQ for n in cone):
+        return None
+    static = t.shape is not None and all(isinstance(d, int) for d in t.shape) and t.dtype is not None
+    if static and int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize > SIZE_LIMIT:
         return None
     return t
 
