@@ -62,8 +62,8 @@ class BatchNorm(Rule):
         _, a = lw.get(m.root.inputs[0])
         if not a.per_tensor and _channel_scale(a, got[0].size, rank) is None:
             a = qparams.per_tensor(a)
-        if _shift(a, *got, rank) is None:
-            return "the bias does not fit int32 at the input's step"
+        if _shift(_coarse(a, *got, rank), *got, rank) is None:
+            return "the bias does not fit int32"
         return None
 
     def rewrite(self, lw: Lowerer, m) -> Outcome:
@@ -73,6 +73,9 @@ class BatchNorm(Rule):
         it, a = lw.get(node.inputs[0])
         if not a.per_tensor and _channel_scale(a, k.size, rank) is None:
             it, a = lw.per_tensor(it, a)  # per channel along another axis than the BatchNorm's
+        t = _coarse(a, k, b, rank)
+        if t is not a:  # a bias far beyond the input's range: the input's last bits do not matter
+            it, a = lw.requantize(it, a, t, "coarse"), t
         it, a = lw.symmetric(it, a)
         if a.dtype != np.int32:
             it = lw.node("Cast", [it], np.int32, "widen", attrs={"to": np.int32}, shape=it.shape)
@@ -101,13 +104,28 @@ def _channel_scale(a: Affine, channels: int, rank: int) -> np.ndarray | None:
     return np.broadcast_to(a.scale.reshape(-1), (channels,))
 
 
+def _need(a: Affine, k: np.ndarray, b: np.ndarray, rank: int) -> float:
+    """The int32 range ``|q| + |b|/step`` the sum needs at ``p = 0``."""
+    s = _channel_scale(a, k.size, rank)
+    return a.bound + float(np.max(np.abs(b) / (np.where(k == 0, 1.0, np.abs(k)) * s), initial=0)) + 1
+
+
+def _coarse(a: Affine, k: np.ndarray, b: np.ndarray, rank: int) -> Affine:
+    """``a``, or where the sum would not fit int32 (a bias beyond ``2**31`` input steps), ``a`` at a coarser
+    step with the sum within ``2**30``."""
+    need = _need(a, k, b, rank)
+    if need <= _INT32_MAX:
+        return a
+    f = need / 2**30
+    return Affine(a.scale * f, 0, np.int32, bound=int(np.ceil(a.bound / f)) + 1)
+
+
 def _shift(a: Affine, k: np.ndarray, b: np.ndarray, rank: int):
     """``(p, step, sign)``: the largest ``p <= 16`` whose int32 sum ``|q|*2**p + |b|/step`` fits, the
     per-channel output step ``|k|*s/2**p`` (a zeroed channel keeps ``s/2**p``), ``sign(k)``; None if none
     fits."""
-    s = _channel_scale(a, k.size, rank)
-    mag = np.where(k == 0, 1.0, np.abs(k)) * s
-    need = a.bound + float(np.max(np.abs(b) / mag, initial=0)) + 1
+    mag = np.where(k == 0, 1.0, np.abs(k)) * _channel_scale(a, k.size, rank)
+    need = _need(a, k, b, rank)
     if need > _INT32_MAX:
         return None
     p = min(_MAX_SHIFT, int(np.floor(np.log2(_INT32_MAX / need))))

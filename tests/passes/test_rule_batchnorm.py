@@ -61,6 +61,17 @@ def test_batchnorm_of_a_quantized_activation(zp, dtype):
     assert "Mul" in op_counts(out)  # the sign flip and shift
 
 
+def test_batchnorm_with_a_bias_beyond_int32_input_steps():
+    """``beta`` of 3e9 input steps: the input is first requantized to a coarser step (its last bits are far
+    below the output step) so the int32 sum fits."""
+    g = G()
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.03)
+    params = [np.ones(6), RNG.uniform(0.8, 1.0, 6) * 1e8, np.zeros(6), np.ones(6)]
+    g.output(g.qdq(g.node("BatchNormalization", [x, *(g.const(v) for v in params)]), 1e6))
+    _, report = lowered(g.model(), {"x": X}, 1e6 + 1e-6)
+    _counted(report)
+
+
 @pytest.mark.parametrize(
     "case, reason",
     [
