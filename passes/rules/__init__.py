@@ -4,6 +4,7 @@ self-registers); ``RULES`` maps every op type a rule's pattern names to that rul
 from __future__ import annotations
 
 from . import (
+    batchnorm,
     chain,
     elementwise,
     layout,
@@ -16,6 +17,8 @@ from . import (
     pad,
     pool,
     qdq,
+    resize,
+    select,
     token_mask,
 )
 from .lowerer import Lowerer, Outcome
@@ -38,6 +41,11 @@ LOWERING = (
     layout.PassThrough(),
     pool.ReduceMeanRule(),  # #11 (Swin)
     pad.PadRule(),  # #11 (Swin)
+    batchnorm.BatchNorm(),  # #27 (LeViT, BatchNorm after a Conv or Linear)
+    select.OrderSelection(),  # #27 (ReduceMax/Min, GlobalMaxPool, TopK)
+    resize.Resize(),  # #27 (nearest; linear/cubic with dyadic weights)
+    select.Scatter(),  # #27 (ScatterND, ScatterElements)
+    pool.AveragePoolRule(),  # #27
     lookup.TableLookup(),  # #22 (BERT's pooler Tanh)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
