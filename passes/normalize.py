@@ -71,6 +71,17 @@ def _from_shapes(t: gs.Tensor, depth: int = 0) -> bool:
     return p.op == "Shape" or depth < 32 and all(_from_shapes(x, depth + 1) for x in p.inputs if x.name)
 
 
+def _constant(t: gs.Tensor) -> np.ndarray | None:
+    """A constant's float value, also through DequantizeLinear and a QuantizeLinear of a constant (not folded
+    yet when the scales are checked; its float value is what the model meant)."""
+    c = dequantized_const(t)
+    p = t.inputs[0] if c is None and t.inputs else None
+    if p is not None and p.op == "DequantizeLinear" and p.inputs[0].inputs:
+        q = p.inputs[0].inputs[0]
+        c = const_array(q.inputs[0]) if q.op == "QuantizeLinear" else None
+    return c
+
+
 def _mask_fill(t: gs.Tensor, depth: int = 0) -> float | None:
     """The fill value (the constant of largest magnitude) of an attention mask computed from an integer graph
     input (``Where(mask, 0, finfo.min)``, ``(1 - mask) * -10000``, through layout ops and Q/DQ), else None."""
@@ -82,7 +93,7 @@ def _mask_fill(t: gs.Tensor, depth: int = 0) -> float | None:
         return None
     found, fill = False, 0.0
     for x in p.inputs[:1] if p.op in _MASK_LAYOUT else [x for x in p.inputs if x.name]:
-        c = dequantized_const(x)  # onnxruntime quantizes the constants too
+        c = _constant(x)  # onnxruntime quantizes the constants too
         if c is not None and c.dtype.kind == "f" and c.size:
             fill = _larger(fill, float(c.reshape(-1)[np.argmax(np.abs(c.reshape(-1)))]))
         elif c is None and not _from_shapes(x):
@@ -101,10 +112,19 @@ def _refuse_quantized_mask(node: gs.Node, scale: np.ndarray) -> None:
     fill, what = _mask_fill(t), "the attention mask"
     if fill is not None:
         broken = not np.all(np.isfinite(scale))  # a mask quantized alone is harmless where its values fit
-    elif t.inputs and t.inputs[0].op in ("Add", "Sub"):
-        fills = [f for f in (_mask_fill(x) for x in t.inputs[0].inputs) if f is not None]
-        fill, what = (fills[0] if fills else None), "the attention scores plus the mask"
-        broken = fill is not None and float(np.max(scale)) * 255 >= abs(fill) / 2
+    elif t.inputs and t.inputs[0].op in ("Add", "Sub", "Where"):
+        p = t.inputs[0]
+        if p.op == "Where":  # DeBERTa-v2: Where(Not(mask), finfo.min, scores), the fill a Where operand
+            consts = [c for c in (_constant(x) for x in p.inputs[1:3]) if c is not None and c.size == 1]
+            masked = _mask_fill(p.inputs[0]) is not None and consts
+            fill = max((float(c.reshape(())) for c in consts), key=abs) if masked else None
+            what = "the attention scores masked by a Where"
+        else:
+            fills = [f for f in (_mask_fill(x) for x in p.inputs) if f is not None]
+            fill, what = (fills[0] if fills else None), "the attention scores plus the mask"
+        # a fill dequantized from a constant can round past float32's range to -inf; the range still covers it
+        reach = min(abs(fill), float(np.finfo(np.float32).max)) if fill is not None else None
+        broken = fill is not None and float(np.max(scale)) * 255 >= reach / 2
     if fill is None or abs(fill) < _FILL or not broken:
         return
     raise ConversionError(
