@@ -27,9 +27,7 @@ class DecomposedLayerNorm(Rule):
     std = OneOf(
         Op("Sqrt", Op("Add", var, Const(name="eps"))), Op("Add", Op("Sqrt", var), Const(name="eps_outside"))
     )
-    norm = OneOf(
-        Op("Div", d, std), Op("Mul", d, OneOf(Op("Reciprocal", std), Op("Div", Const(1.0), std)))
-    )
+    norm = OneOf(Op("Div", d, std), Op("Mul", d, OneOf(Op("Reciprocal", std), Op("Div", Const(1.0), std))))
     gamma, beta = Const(name="gamma"), Const(name="beta")
     pattern = OneOf(
         Op("Add", Op("Mul", norm, gamma), beta), Op("Mul", norm, gamma), Op("Add", norm, beta), norm

@@ -19,8 +19,17 @@ OUT = 0.05  # the output's scale
 
 
 def _layernorm_graph(
-    square="pow", divide="div", affine=True, mean_axis=-1, eps=1e-5, last="8", layout="last", inside=False,
-    twice=False, eps_outside=False, gamma_shape=None,
+    square="pow",
+    divide="div",
+    affine=True,
+    mean_axis=-1,
+    eps=1e-5,
+    last="8",
+    layout="last",
+    inside=False,
+    twice=False,
+    eps_outside=False,
+    gamma_shape=None,
 ):
     """A decomposed LayerNorm of ``x`` (Q/DQ'd) over its last axis; ``layout`` "channels_first" reduces
     axis 1 of a [2, 8, 5] input (gamma/beta [8, 1]), "transposed" adds the Transpose that moves it last;

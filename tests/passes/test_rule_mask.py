@@ -95,12 +95,13 @@ TOKENS = {"s": SCORES["s"], "mask": np.array([[1, 1, 0, 0], [1, 0, 1, 0]], np.in
 
 def _mask_graph(form: str, quantized: bool, fill_qdq: bool = False):
     """``Softmax`` of the scores masked by the int64 ``mask``: "where" ``Where(Not(bool(mask)), fill, S)``,
-    "where_swapped" ``Where(bool(mask), S, fill)``, "product" ``S + (1 - float(mask)) * fill``. ``quantized``:
-    the masked scores (and the product) get Q/DQ pairs whose scales cover the fill (``quantize_static`` without
-    the mask recipe); ``fill_qdq``: the fill constant too, as Q → DQ of the float constant."""
+    "where_swapped" ``Where(bool(mask), S, fill)``, "product" ``S + (1 - float(mask)) * fill``.
+    ``quantized``: the masked scores (and the product) get Q/DQ pairs whose scales cover the fill
+    (``quantize_static`` without the mask recipe); ``fill_qdq``: the fill constant too (Q → DQ of it)."""
     g = G()
     scores = g.qdq(g.input("s", [2, 1, 4, 4]), 0.05)
-    mask = g.node("Reshape", [g.input("mask", [2, 4], onnx.TensorProto.INT64), g.const([2, 1, 1, 4], np.int64)])
+    mask = g.input("mask", [2, 4], onnx.TensorProto.INT64)
+    mask = g.node("Reshape", [mask, g.const([2, 1, 1, 4], np.int64)])
     fill = g.const(FILL)
     if fill_qdq:
         fill = g.qdq(fill, -FILL / 127)
