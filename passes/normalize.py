@@ -71,17 +71,6 @@ def _from_shapes(t: gs.Tensor, depth: int = 0) -> bool:
     return p.op == "Shape" or depth < 32 and all(_from_shapes(x, depth + 1) for x in p.inputs if x.name)
 
 
-def _constant(t: gs.Tensor) -> np.ndarray | None:
-    """A constant's float value, also through DequantizeLinear and a QuantizeLinear of a constant (not folded
-    yet when the scales are checked; its float value is what the model meant)."""
-    c = dequantized_const(t)
-    p = t.inputs[0] if c is None and t.inputs else None
-    if p is not None and p.op == "DequantizeLinear" and p.inputs[0].inputs:
-        q = p.inputs[0].inputs[0]
-        c = const_array(q.inputs[0]) if q.op == "QuantizeLinear" else None
-    return c
-
-
 def _mask_fill(t: gs.Tensor, depth: int = 0) -> float | None:
     """The fill value (the constant of largest magnitude) of an attention mask computed from an integer graph
     input (``Where(mask, 0, finfo.min)``, ``(1 - mask) * -10000``, through layout ops and Q/DQ), else None."""
@@ -93,7 +82,7 @@ def _mask_fill(t: gs.Tensor, depth: int = 0) -> float | None:
         return None
     found, fill = False, 0.0
     for x in p.inputs[:1] if p.op in _MASK_LAYOUT else [x for x in p.inputs if x.name]:
-        c = _constant(x)  # onnxruntime quantizes the constants too
+        c = dequantized_const(x)  # onnxruntime quantizes the constants too
         if c is not None and c.dtype.kind == "f" and c.size:
             fill = _larger(fill, float(c.reshape(-1)[np.argmax(np.abs(c.reshape(-1)))]))
         elif c is None and not _from_shapes(x):
@@ -115,7 +104,7 @@ def _refuse_quantized_mask(node: gs.Node, scale: np.ndarray) -> None:
     elif t.inputs and t.inputs[0].op in ("Add", "Sub", "Where"):
         p = t.inputs[0]
         if p.op == "Where":  # DeBERTa-v2: Where(Not(mask), finfo.min, scores), the fill a Where operand
-            consts = [c for c in (_constant(x) for x in p.inputs[1:3]) if c is not None and c.size == 1]
+            consts = [c for c in map(dequantized_const, p.inputs[1:3]) if c is not None and c.size == 1]
             masked = _mask_fill(p.inputs[0]) is not None and consts
             fill = max((float(c.reshape(())) for c in consts), key=abs) if masked else None
             what = "the attention scores masked by a Where"
