@@ -59,10 +59,14 @@ def _record(lw, t: gs.Tensor, value: TwoValued) -> Outcome:
     return Outcome.KEPT  # the float node stays; cleanup drops it unless a float island still reads it
 
 
-def _from_graph_input(lw, t: gs.Tensor) -> bool:
-    """``t`` is an integer graph input, or layout ops of one (the only sources taken for a 0/1 mask)."""
+def _from_graph_input(lw, t: gs.Tensor, depth: int = 0) -> bool:
+    """``t`` is an integer graph input, layout ops of one, or the product (``Mul``, ``And``) of two such
+    (DeBERTa-v2's query-by-key mask ``m[:, None, :, None] * m[:, None, None, :]``: 0/1 too); the only sources
+    taken for a 0/1 mask."""
     while t not in lw.g.inputs:
         p = producer(t)
+        if p is not None and p.op in ("Mul", "And") and depth < 8:
+            return all(_from_graph_input(lw, x, depth + 1) for x in p.inputs[:2])
         if p is None or p.op not in LAYOUT:
             return False
         t = p.inputs[0]

@@ -98,7 +98,8 @@ TOKENS = {"s": SCORES["s"], "mask": np.array([[1, 1, 0, 0], [1, 0, 1, 0]], np.in
 
 def _mask_graph(form: str, quantized: bool, fill_qdq: str | None = None):
     """``Softmax`` of the scores masked by the int64 ``mask``: "where" ``Where(Not(bool(mask)), fill, S)``,
-    "where_swapped" ``Where(bool(mask), S, fill)``, "product" ``S + (1 - float(mask)) * fill``.
+    "where_swapped" ``Where(bool(mask), S, fill)``, "where_2d" the first with DeBERTa-v2's query-by-key mask
+    ``mask[:, None, :, None] * mask[:, None, None, :]``, "product" ``S + (1 - float(mask)) * fill``.
     ``quantized``: the masked scores (and the product) get Q/DQ pairs whose scales cover the fill
     (``quantize_static`` without the mask recipe); ``fill_qdq``: the fill constant too, Q → DQ at one of
     ``FILL_SCALES``."""
@@ -115,6 +116,9 @@ def _mask_graph(form: str, quantized: bool, fill_qdq: str | None = None):
         m = g.qdq(m, FILL_SCALES["exact"]) if quantized else m
         y = g.node("Add", [scores, m])
     else:
+        if form == "where_2d":  # DeBERTa-v2: the query-by-key product of the padding mask
+            rows = g.node("Squeeze", [mask, g.const([2], np.int64)])
+            mask = g.node("Mul", [mask, g.node("Unsqueeze", [rows, g.const([3], np.int64)])])
         cond = g.node("Cast", [mask], to=onnx.TensorProto.BOOL)
         swapped = form == "where_swapped"
         y = g.node("Where", [cond, scores, fill] if swapped else [g.node("Not", [cond]), fill, scores])
@@ -124,7 +128,7 @@ def _mask_graph(form: str, quantized: bool, fill_qdq: str | None = None):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # the -inf fill of "int8_sym"
-@pytest.mark.parametrize("form", ["where", "product"])
+@pytest.mark.parametrize("form", ["where", "where_2d", "product"])
 @pytest.mark.parametrize("fill_qdq", [None, "exact", "int8_sym"])
 def test_quantized_mask_forms_get_the_mask_refusal(form, fill_qdq):
     """One line naming the quantized tensor, its fill value and the recipe (models/hf_matrix.MASK_REFUSAL),
@@ -144,17 +148,19 @@ def test_quantized_mask_forms_get_the_mask_refusal(form, fill_qdq):
     assert f"tensor '{masked.output[0]}'" in msg and f"fill value {fill}" in msg, msg
 
 
-@pytest.mark.parametrize("form", ["where", "where_swapped"])
+@pytest.mark.parametrize("form", ["where", "where_swapped", "where_2d"])
 def test_unquantized_where_mask_converts(form):
     """DeBERTa-v2's ``Where(Not(mask), finfo.min, scores)`` left float by the mask recipe: the integer Where
-    of the additive mask, masked probabilities exactly 0 as in the fake-quant graph."""
+    of the additive mask, masked probabilities exactly 0 as in the fake-quant graph (the query-by-key mask's
+    padded query rows are masked whole: uniform in both)."""
     fq = _mask_graph(form, quantized=False)
     out, report = lowered(fq, TOKENS, 6 / 256)  # Shiftmax vs softmax: <= 2.8 steps of 2**-7 (opset README)
     assert report.counts["lower_integer"]["attention mask (Where)"] == 1
     assert "Softmax" not in op_counts(out) and "Not" not in op_counts(out)
-    masked = TOKENS["mask"] == 0
-    assert np.all(run(out, TOKENS)[0].transpose(0, 3, 1, 2)[masked] == 0)
-    assert np.all(run(fq, TOKENS)[0].transpose(0, 3, 1, 2)[masked] == 0)
+    m = TOKENS["mask"]
+    masked = (m[:, None, None, :] == 0) & ((m[:, None, :, None] == 1) if form == "where_2d" else True)
+    masked = np.broadcast_to(masked, (2, 1, 4, 4))
+    assert np.all(run(out, TOKENS)[0][masked] == 0) and np.all(run(fq, TOKENS)[0][masked] == 0)
 
 
 def test_where_fill_too_high_declines():
