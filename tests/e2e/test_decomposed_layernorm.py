@@ -1,7 +1,9 @@
 """A ViT whose LayerNorms are hand-written (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div, as ViT-S's author
 exported them), quantized by onnxruntime's ``quantize_static`` in three recipes, with and without
 ``quant_pre_process``: every variant converts strictly with its LayerNorms fused, and follows the fake-quant
-model (the house bounds of models/hf_matrix.py, on digits test inputs with margins)."""
+model (the house bounds of models/hf_matrix.py, on digits test inputs with margins). The patch norm reduces
+over the channels of [B, C, N] tokens before their Transpose: the form ``quant_pre_process`` leaves when it
+pushes a Transpose through a LayerNorm, which it cannot fuse itself (it fuses the others)."""
 
 from __future__ import annotations
 
@@ -94,6 +96,9 @@ def trained(tmp_path_factory, digits):
     for m in model.modules():
         if isinstance(m, HandLayerNorm):
             m.hand = True
+    model.eval()
+    with torch.no_grad():  # trained: the margins below separate classes the model actually tells apart
+        assert (model(torch.from_numpy(digits[2])).argmax(1).numpy() == digits[3]).mean() >= 0.85
     path = tmp_path_factory.mktemp("decomposed_ln") / "fp32.onnx"
     export_onnx(model.eval(), x[:2], path, "torchscript", opset=17)
     return path
