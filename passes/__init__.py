@@ -6,6 +6,7 @@ from .attach_functions import AttachFunctions
 from .finalize import Finalize
 from .fold_constants import FoldConstants
 from .fuse_gelu import FuseGelu
+from .fuse_l2norm import FuseL2Norm
 from .fuse_layernorm import FuseLayerNorm
 from .fuse_softmax import FuseSoftmax
 from .lower_integer import LowerInteger
@@ -13,12 +14,13 @@ from .normalize import Normalize
 
 #: the converter's passes, in order (``Pipeline.default()`` instantiates them)
 PASSES = (
-    FoldConstants, Normalize, FuseGelu, FuseLayerNorm, FuseSoftmax, LowerInteger, AttachFunctions, Finalize
+    FoldConstants, Normalize, FuseGelu, FuseLayerNorm, FuseL2Norm, FuseSoftmax, LowerInteger, AttachFunctions,
+    Finalize,
 )
 
 
 def default_passes():
-    """fold_constants → normalize → fuse_gelu → fuse_layernorm → fuse_softmax → lower_integer →
+    """fold_constants → normalize → fuse_gelu → fuse_layernorm → fuse_l2norm → fuse_softmax → lower_integer →
     attach_functions → finalize."""
     return [p() for p in PASSES]
 

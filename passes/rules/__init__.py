@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import (
     chain,
     elementwise,
+    l2norm,
     layout,
     linear,
     lookup,
@@ -39,6 +40,7 @@ LOWERING = (
     pool.ReduceMeanRule(),  # #11 (Swin)
     pad.PadRule(),  # #11 (Swin)
     lookup.TableLookup(),  # #22 (BERT's pooler Tanh)
+    l2norm.L2Norm(),  # #27 (Swinv2's cosine attention, F.normalize)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
 # Tried before the table's rule for their op: token masks (two-valued floats of the int64 mask input),
