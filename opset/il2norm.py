@@ -1,7 +1,7 @@
-"""IL2Norm: integer L2 normalization over the last axis, ``F.normalize(x, dim=-1)`` (cosine attention, embeddings).
+"""IL2Norm: integer L2 normalization over the last axis, ``F.normalize(x, dim=-1)`` (cosine attention).
 
-I-ViT's ILayerNorm without the centring: the input's zero point is removed instead of the mean, and the norm is
-clamped below by ``eps`` as ``x / max(||x||, eps)`` clamps it. For integer ``x`` (rows of ``C``)::
+I-ViT's ILayerNorm without the centring: the input's zero point is removed instead of the mean, and the norm
+is clamped below by ``eps`` as ``x / max(||x||, eps)`` clamps it. For integer ``x`` (rows of ``C``)::
 
     d = (x - zx) * 2**shift_in
     v = max(sum(d*d), 1)
@@ -9,8 +9,8 @@ clamped below by ``eps`` as ``x / max(||x||, eps)`` clamps it. For integer ``x``
     u = floor(d * floor(2**61 / r) / 2**(61 - p))   # ~ x / max(||x||, eps) * 2**p, |u| <= 2**p
     y = clip(floor((u*b + floor(2**c/2)) / 2**c) + zy, qmin, qmax)
 
-The converter sets ``b/2**c ~ 1/(2**p s_y)`` and ``eps = max(1, ceil(eps_real * 2**shift_in / s_x))``, so a row
-whose norm lies below ``eps_real`` is divided by ``eps_real`` (rounded up to the grid of ``d``), and an
+The converter sets ``b/2**c ~ 1/(2**p s_y)`` and ``eps = max(1, ceil(eps_real * 2**shift_in / s_x))``, so a
+row whose norm lies below ``eps_real`` is divided by ``eps_real`` (rounded up to the grid of ``d``), and an
 all-zero row gives ``u = 0``. ``|d| <= isqrt(v) <= r`` (``d**2 <= v``, ``d`` an integer), so
 ``|d * floor(2**61/r)| <= 2**61`` and ``|u| <= 2**p``. Preconditions: ``C * max|d|**2 < 2**62`` (choose
 ``shift_in``; then ``sum(d*d) < 2**62`` too), ``1 <= eps < 2**62``, ``0 <= p <= 61``, ``zx`` a scalar,

@@ -256,8 +256,8 @@ def il2norm(x, x_zero_point, multiplier, shift, y_zero_point, *, shift_in: int, 
         return None
     _, nc, _, (b, c) = ch
     y = np.empty(x.shape, zyt.dtype)
-    _call("IL2Norm", "ivit_il2norm", _ptr(x), _CODES[x.dtype], x.size // length, length, _ptr(b), _ptr(c), nc, zx,
-          zy, shift_in, eps, p, qmin, qmax, _ptr(y), _CODES[y.dtype], _threads)
+    _call("IL2Norm", "ivit_il2norm", _ptr(x), _CODES[x.dtype], x.size // length, length, _ptr(b), _ptr(c), nc,
+          zx, zy, shift_in, eps, p, qmin, qmax, _ptr(y), _CODES[y.dtype], _threads)
     return y
 
 

@@ -36,7 +36,8 @@ class L2Normalize(Rule):
     x = Var("x")
     square = OneOf(Op("Pow", x, Const(2.0)), Op("Mul", x, x))
     norm = OneOf(Op("ReduceL2", x, name="reduce"), Op("Sqrt", Op("ReduceSum", square, name="reduce")))
-    clamped = OneOf(Op("Clip", norm, Const(name="eps"), name="clip"), Op("Max", norm, Const(name="eps")), norm)
+    eps = Const(name="eps")
+    clamped = OneOf(Op("Clip", norm, eps, name="clip"), Op("Max", norm, eps), norm)
     denominator = OneOf(Op("Expand", clamped), clamped)
     pattern = OneOf(Op("Div", x, denominator), Op("Mul", x, Op("Reciprocal", denominator)))
     label = "L2 normalization (F.normalize)"
@@ -53,8 +54,9 @@ class L2Normalize(Rule):
             step = input_step(m.x)
             if step is None:
                 return "epsilon: the input's scale is unknown (no DequantizeLinear before it)"
-            if float(m.eps.reshape(())) > step:
-                return f"epsilon {float(m.eps.reshape(())):.3g} exceeds the input's quantization step {step:.3g}"
+            eps = float(m.eps.reshape(()))
+            if eps > step:
+                return f"epsilon {eps:.3g} exceeds the input's quantization step {step:.3g}"
         return None
 
     def rewrite(self, ctx, m):
