@@ -24,8 +24,8 @@ from tests.opset.oneop import (
     OPSETS,
     check_all_ways,
     iadd_params,
-    il2norm_params,
     ibertgelu_params,
+    il2norm_params,
     ilayernorm_params,
     info,
     l1_shift_in,
@@ -242,8 +242,8 @@ def l1layernorm_cases(draw, xt=None, yt=None):
     return [x, b, c, bias, zy], attrs
 @st.composite
 def il2norm_cases(draw, xt=None, yt=None):
-    """IL2Norm: any input zero point, eps from 1 to above the row's norm, per-tensor or per-channel multipliers,
-    ``shift_in`` at the overflow edge or 0."""
+    """IL2Norm: any input zero point, eps from 1 to above the row's norm, per-tensor or per-channel
+    multipliers, ``shift_in`` at the overflow edge or 0."""
     shape, xt, kind, rng = draw(shapes), pick(draw, xt), draw(kinds), np.random.default_rng(draw(seeds))
     lo, hi = info(xt)
     if xt == np.int32:  # keep C * max|x - zx|**2 < 2**62: the converter knows the accumulator's range
@@ -258,7 +258,8 @@ def il2norm_cases(draw, xt=None, yt=None):
     p = draw(st.sampled_from([30, 30, 0, 16, 45]))
     attrs, b, c = il2norm_params(shape[-1], hi - lo, log_uniform(draw, 1e-3, 1), qmin, qmax, p, per_channel)
     attrs["shift_in"] = draw(st.sampled_from([attrs["shift_in"], 0]))
-    attrs["eps"] = draw(st.sampled_from([1, 1, 2**attrs["shift_in"], 2 ** (attrs["shift_in"] + 20), 2**62 - 1]))
+    k = attrs["shift_in"]
+    attrs["eps"] = draw(st.sampled_from([1, 1, 2**k, 2 ** (k + 20), 2**62 - 1]))
     return [x, xt(zx), b, c, yt(zy)], attrs
 
 
