@@ -23,6 +23,7 @@ def test_default_order():
         "normalize",
         "fuse_gelu",
         "fuse_layernorm",
+        "fuse_l2norm",
         "fuse_softmax",
         "lower_integer",
         "attach_functions",

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from onnx import TensorProto
 
 from ivit_onnx import qparams
 from ivit_onnx.affine import Affine
@@ -144,3 +145,42 @@ def test_wide_input_is_narrowed_first():
     lp = qparams.l2norm(a, 4096, 1e-12, None, P)
     assert lp.pre is not None and lp.zero_point == 0
     assert 4096 * (lp.pre.bound << lp.shift_in) ** 2 < 2**62
+
+
+# ------------------------------------------------------------------------------ the custom-op library
+
+
+def test_broadcast_parameters_take_the_librarys_general_path():
+    """Multipliers along a leading axis and a y_zero_point wider than x: outside the fused native call, the
+    custom op's row-by-row path (and the function bodies) still equal the reference."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(-128, 128, (3, 1, 9)).astype(np.int8)
+    inputs = [x, np.int8(-3), np.array([[[2**20]], [[2**21]], [[2**19]]], np.int64), np.int64(40),
+              np.zeros((3, 2, 9), np.int16)]
+    attrs = {"shift_in": 16, "eps": 1, "p": 30, "qmin": -32768, "qmax": 32767}
+    check_all_ways(SPEC, inputs, attrs)
+
+
+@pytest.mark.parametrize(
+    "attrs, expected",
+    [
+        ({"shift_in": 8, "eps": 0, "p": 30}, "attribute eps=0 is outside 1..4611686018427387903"),
+        ({"shift_in": 63, "eps": 1, "p": 30}, "attribute shift_in=63 is outside 0..62"),
+        ({"shift_in": 8, "eps": 1, "p": 62}, "attribute p=62 is outside 0..61"),
+    ],
+)
+def test_attributes_refused_at_session_creation(attrs, expected):
+    from tests.opset.test_native_ort import bare_model, library_session, native_library
+
+    if native_library() is None:
+        pytest.skip("native library not built")
+    i8, i64 = TensorProto.INT8, TensorProto.INT64
+    model = bare_model(
+        "IL2Norm",
+        [("x", i8, [2, 5]), ("zx", i8, []), ("b", i64, []), ("c", i64, []), ("zy", i8, [])],
+        {**attrs, "qmin": -128, "qmax": 127},
+        i8,
+    )
+    with pytest.raises(Exception, match="ai.ivit IL2Norm node 'the_node' refused") as info:
+        library_session(model, native_library())
+    assert expected in str(info.value)
