@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import ivit_onnx
 from ivit_onnx import Pipeline
+from ivit_onnx.engines.onnxruntime.compile import compile_model
 from tests.graphs import G, op_counts, run
 from tests.passes._rules import RNG, fusion_declines, lowered
 
@@ -77,12 +79,17 @@ def test_exported_normalize_becomes_il2norm(exporter, in_dtype):
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_cosine_attention_converts(exporter):
+def test_cosine_attention_converts(exporter, tmp_path):
     x = RNG.standard_normal((2, 6, 32)).astype(np.float32)
     fq = exported(CosineAttention(), torch.from_numpy(x), exporter)
     # scores within one 1/64 step, times 10, plus the output's own step
     out, _ = lowered(fq, {"input": x}, atol=10 / 64 + 0.1 + 1e-6)
     assert op_counts(out).get("ai.ivit:IL2Norm") == 2
+    # the onnxruntime engine re-encodes both IL2Norm outputs as uint8 for q @ k^T: the same bits
+    assert compile_model(out).counts["u8_gemm"] == 2
+    ivit_onnx.save_model(out, str(tmp_path / "int.onnx"))
+    got = ivit_onnx.InferenceSession(str(tmp_path / "int.onnx"), threads=1).run(None, {"input": x})[0]
+    np.testing.assert_array_equal(got, run(out, {"input": x})[0])
 
 
 def _hand_written(square="pow", clamp="max", divide="div", eps=1e-12, axis=-1, scale=0.05):
