@@ -92,6 +92,27 @@ def test_cosine_attention_converts(exporter, tmp_path):
     np.testing.assert_array_equal(got, run(out, {"input": x})[0])
 
 
+class EmbeddingOutput(torch.nn.Module):
+    """A sentence embedding's last step (#28): ``F.normalize`` with no QuantizeLinear after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.qi = quant.ActFakeQuant(torch.int8, 0.05)
+
+    def forward(self, x):
+        return F.normalize(self.qi(x), dim=-1)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_unquantized_output_is_int16_at_2_to_the_minus_15(exporter):
+    """No QuantizeLinear follows: IL2Norm writes int16 at ``2**-15``, within ``2**-16 + 1/r + 2**-29`` of
+    float (``1/r <= 2**-16`` for int8 rows), dequantized at the output."""
+    x = RNG.standard_normal((2, 6, 16)).astype(np.float32)
+    fq = exported(EmbeddingOutput(), torch.from_numpy(x), exporter)
+    out, _ = lowered(fq, {"input": x}, atol=2.0**-15 + 1e-7)
+    assert op_counts(out).get("ai.ivit:IL2Norm") == 1
+
+
 def _hand_written(square="pow", clamp="max", divide="div", eps=1e-12, axis=-1, scale=0.05):
     """``x / max(sqrt(sum(x**2)), eps)`` in other forms: Pow or Mul square, Max or no clamp, Reciprocal."""
     g = G(opset=17)
