@@ -145,3 +145,21 @@ def test_hand_written_forms(square, clamp, divide):
 )
 def test_declines_with_the_reason(kwargs, reason):
     fusion_declines(_hand_written(**kwargs), "fuse_l2norm", reason)
+
+
+def test_wide_accumulator_is_made_per_tensor_and_narrowed_first():
+    """A MatMul's per-channel int32 accumulator read directly (channel scales 1e-4..1, no clamp so no step to
+    check): per tensor at its finest scale, whose bound leaves no room for an exact sum of squares, so a
+    power-of-two Requantize narrows it before IL2Norm (``qparams.l2norm``'s ``pre``); within one output
+    step."""
+    rng = np.random.default_rng(0)
+    g = G(opset=17)
+    x = g.qdq(g.input("x", [2, 6, 64]), 0.05)
+    w = rng.standard_normal((64, 16)).astype(np.float32) * np.logspace(-4, 0, 16).astype(np.float32)
+    y = g.node("MatMul", [x, g.weight(w, axis=1)])
+    sq = g.node("ReduceSum", [g.node("Mul", [y, y]), g.const(np.array([-1], np.int64), np.int64)])
+    g.output(g.qdq(g.node("Div", [y, g.node("Sqrt", [sq])]), S_OUT))
+    xs = rng.standard_normal((2, 6, 64)).astype(np.float32)
+    out, _ = lowered(g.model(), {"x": xs}, atol=S_OUT + 1e-6)
+    counts = op_counts(out)
+    assert counts.get("ai.ivit:IL2Norm") == 1 and counts.get("ai.ivit:Requantize") == 2  # per tensor, narrow
