@@ -150,8 +150,8 @@ def test_declines_with_the_reason(kwargs, reason):
 def test_wide_accumulator_is_made_per_tensor_and_narrowed_first():
     """A MatMul's per-channel int32 accumulator read directly (channel scales 1e-4..1, no clamp so no step to
     check): per tensor at its finest scale, whose bound leaves no room for an exact sum of squares, so a
-    power-of-two Requantize narrows it before IL2Norm (``qparams.l2norm``'s ``pre``); within one output
-    step."""
+    power-of-two Requantize narrows it before IL2Norm (``qparams.l2norm``'s ``pre``); on these rows (norms far
+    above the narrowing step) within one output step."""
     rng = np.random.default_rng(0)
     g = G(opset=17)
     x = g.qdq(g.input("x", [2, 6, 64]), 0.05)
