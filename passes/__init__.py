@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .attach_functions import AttachFunctions
+from .expand_norms import ExpandNorms
 from .finalize import Finalize
 from .fold_constants import FoldConstants
 from .fuse_gelu import FuseGelu
@@ -14,14 +15,22 @@ from .normalize import Normalize
 
 #: the converter's passes, in order (``Pipeline.default()`` instantiates them)
 PASSES = (
-    FoldConstants, Normalize, FuseGelu, FuseLayerNorm, FuseL2Norm, FuseSoftmax, LowerInteger, AttachFunctions,
+    FoldConstants,
+    Normalize,
+    ExpandNorms,
+    FuseGelu,
+    FuseLayerNorm,
+    FuseL2Norm,
+    FuseSoftmax,
+    LowerInteger,
+    AttachFunctions,
     Finalize,
 )
 
 
 def default_passes():
-    """fold_constants → normalize → fuse_gelu → fuse_layernorm → fuse_l2norm → fuse_softmax → lower_integer →
-    attach_functions → finalize."""
+    """fold_constants → normalize → expand_norms → fuse_gelu → fuse_layernorm → fuse_l2norm → fuse_softmax →
+    lower_integer → attach_functions → finalize."""
     return [p() for p in PASSES]
 
 
