@@ -20,7 +20,7 @@ import ivit_onnx
 from ivit_onnx import Pipeline
 from ivit_onnx.engines.onnxruntime.compile import compile_model
 from tests.graphs import G, op_counts, run
-from tests.passes._rules import RNG, fusion_declines, lowered
+from tests.passes._rules import RNG, declines, fusion_declines, lowered
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -163,3 +163,23 @@ def test_wide_accumulator_is_made_per_tensor_and_narrowed_first():
     out, _ = lowered(g.model(), {"x": xs}, atol=S_OUT + 1e-6)
     counts = op_counts(out)
     assert counts.get("ai.ivit:IL2Norm") == 1 and counts.get("ai.ivit:Requantize") == 2  # per tensor, narrow
+
+
+def _lp_normalization(p=2, axis=-1):
+    g = G(opset=17)
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.05, zp=3)
+    g.output(g.qdq(g.node("LpNormalization", [x], axis=axis, p=p), S_OUT))
+    return g.model()
+
+
+def test_standard_lp_normalization_lowers():
+    """ONNX's own LpNormalization (p=2, last axis; a zero point on the input) lowers without a fusion."""
+    x = RNG.standard_normal((2, 6, 16)).astype(np.float32)
+    out, _ = lowered(_lp_normalization(), {"x": x}, atol=S_OUT + 1e-6)
+    assert op_counts(out).get("ai.ivit:IL2Norm") == 1
+
+
+@pytest.mark.parametrize("kwargs, reason", [({"p": 1}, "p=1: only the L2 norm has an integer kernel"),
+                                            ({"axis": 1}, "not over the last axis")])
+def test_lowering_declines_with_the_reason(kwargs, reason):
+    declines(_lp_normalization(**kwargs), "LpNormalization", reason)
