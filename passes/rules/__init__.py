@@ -7,6 +7,7 @@ from . import (
     batchnorm,
     chain,
     elementwise,
+    l2norm,
     layout,
     linear,
     lookup,
@@ -47,6 +48,7 @@ LOWERING = (
     select.Scatter(),  # #27 (ScatterND, ScatterElements)
     pool.AveragePoolRule(),  # #27
     lookup.TableLookup(),  # #22 (BERT's pooler Tanh)
+    l2norm.L2Norm(),  # #27 (Swinv2's cosine attention, F.normalize)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
 # Tried before the table's rule for their op: token masks (two-valued floats of the int64 mask input),
