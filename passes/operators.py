@@ -95,6 +95,13 @@ def expanded_ops() -> dict[str, str]:
     return {op: p.name for p in Pipeline.default().passes for op in getattr(p, "ops", ())}
 
 
+def _rule_names(rule, op: str) -> str:
+    """The rules that may lower ``op`` (``module.Class`` of ``passes/rules``), in the order they are tried (a
+    ``chain.FirstOf`` tries several)."""
+    rules = [r for r in getattr(rule, "rules", (rule,)) if op in getattr(r.pattern, "ops", (op,))]
+    return ", then ".join(f"`{type(r).__module__.rsplit('.', 1)[-1]}.{type(r).__name__}`" for r in rules)
+
+
 def table() -> list[tuple[str, str, str]]:
     """``(operator, status, note)`` for every standard operator."""
     from .normalize import REFUSED
@@ -107,8 +114,7 @@ def table() -> list[tuple[str, str, str]]:
         if op in expanded:
             rows.append((op, "expanded", f"`passes/{expanded[op]}.py` rewrites it into operators with rules"))
         elif op in RULES:
-            rule = type(RULES[op]).__module__.rsplit(".", 1)[-1]
-            rows.append((op, "rule", f"`passes/rules/{rule}.py` ({type(RULES[op]).__name__})"))
+            rows.append((op, "rule", _rule_names(RULES[op], op)))
         elif op in REFUSED:
             rows.append((op, "refused", REFUSED[op]))
         elif op in fused:
