@@ -40,8 +40,8 @@ def _hard_sigmoid_flat(attrs: dict) -> float:
     return max(abs(beta), abs(1 - beta)) / abs(alpha) if alpha else 1.0
 
 
-#: |x| beyond which each function is within 2**-22 of its limit, from the node's attributes (tanh(8) = 1 - 2.3e-7,
-#: sigmoid(16) = 1 - 1e-7, erf(4) = 1 - 1.5e-8); the functions not listed do not saturate on both sides
+#: |x| beyond which each function is within 2**-22 of its limit, from the node's attributes
+#: (tanh(8) = 1 - 2.3e-7, sigmoid(16) = 1 - 1e-7, erf(4) = 1 - 1.5e-8); the others do not saturate both ways
 SATURATES = {
     "Tanh": lambda attrs: 8.0,
     "Sigmoid": lambda attrs: 16.0,
@@ -118,7 +118,9 @@ def own_type(y: np.ndarray) -> Affine:
     return Affine(np.float64(m / 32767 if m > 0 else 1.0), 0, np.int16)
 
 
-def table_of(lw: Lowerer, node: gs.Node, a: Affine, t: Affine | None) -> tuple[np.ndarray, np.ndarray, Affine]:
+def table_of(
+    lw: Lowerer, node: gs.Node, a: Affine, t: Affine | None
+) -> tuple[np.ndarray, np.ndarray, Affine]:
     """``(q, table, type)``: ``node``'s fake-quant values on every input ``q``, in type ``t`` (the
     QuantizeLinear after it) or, without one, quantized in :func:`own_type`."""
     q, y = fake_quant(lw, node, a, t)
@@ -156,7 +158,8 @@ class TableLookup(Rule):
             a = lw.get(x)[1]
             return (
                 f"input '{x.name}' is {a.describe()}{'' if a.per_tensor else ' (per channel)'} and "
-                f"{m.root.op} does not saturate: no finite table covers it (quantize its input to 8 or 16 bits)"
+                f"{m.root.op} does not saturate: no finite table covers it "
+                "(quantize its input to 8 or 16 bits)"
             )
         return why
 

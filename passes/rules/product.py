@@ -1,13 +1,13 @@
-"""Mul / Div of quantized tensors: an exact integer product, then one Requantize into the QuantizeLinear after it.
+"""Mul / Div of quantized tensors: an exact integer product, then one Requantize into the QuantizeLinear.
 
-- ``x * k`` / ``x / k``, ``k`` a positive constant: the exact fold of :class:`.elementwise.ScaleByConst` (same
-  integers, scale times ``k``), the cheapest form; used wherever it applies.
+- ``x * k`` / ``x / k``, ``k`` a positive constant: the exact fold of :class:`.elementwise.ScaleByConst`
+  (same integers, scale times ``k``), the cheapest form; used wherever it applies.
 - ``x * k`` / ``x / k``, ``k`` a float constant of any sign and broadcast shape (a layer scale with negative
-  entries, rotary sin/cos tables, a SmoothQuant Mul): ``k``'s magnitude goes into the scale, exactly (float64),
-  only its sign into the integers, so the constant carries no quantization error: the value is
-  ``(q - zx) sign(k)`` at scale ``s_x |k|`` (``|k|`` read as 1 where ``k = 0``). With a QuantizeLinear after it
-  that is one Requantize with the signed per-element multiplier ``s_x k / s_t`` (0 where ``k = 0``); without
-  one, the Requantize by ``sign(k)`` into int16 (int32 for wider inputs), exact.
+  entries, rotary sin/cos tables, a SmoothQuant Mul): ``k``'s magnitude goes into the scale, exactly
+  (float64), only its sign into the integers, so the constant carries no quantization error: the value is
+  ``(q - zx) sign(k)`` at scale ``s_x |k|`` (``|k|`` read as 1 where ``k = 0``). With a QuantizeLinear after
+  it that is one Requantize with the signed per-element multiplier ``s_x k / s_t`` (0 where ``k = 0``);
+  without one, the Requantize by ``sign(k)`` into int16 (int32 for wider inputs), exact.
 - ``x * y``, both quantized (``x * sigmoid(x)``, products of activations): the zero points removed into int32,
   an int32 ``Mul``, exact because ``|product| <= bound_x bound_y < 2**31`` (checked, else it declines), at
   scale ``s_x s_y``; then the Requantize into the target, or int32 left with that scale.
@@ -35,12 +35,17 @@ INT32_MAX = qparams.INT32_MAX
 
 
 def _constant(lw: Lowerer, node: gs.Node):
-    """``(data, k)`` when ``node`` is a lowered non-constant tensor times (or over) a float constant: ``k`` the
-    float64 factor (``1 / divisor`` for Div), else None."""
+    """``(data, k)`` when ``node`` is a lowered non-constant tensor times (or over) a float constant: ``k``
+    the float64 factor (``1 / divisor`` for Div), else None."""
     pairs = (node.inputs, node.inputs[::-1]) if node.op == "Mul" else (node.inputs,)
     for data, k in pairs:
         got, kv = lw.get(data), lw.const_float(k)
-        if got is not None and not isinstance(got[0], gs.Constant) and kv is not None and kv.dtype.kind == "f":
+        if (
+            got is not None
+            and not isinstance(got[0], gs.Constant)
+            and kv is not None
+            and kv.dtype.kind == "f"
+        ):
             kv = kv.astype(np.float64)
             if node.op == "Div":
                 if np.any(kv == 0):
@@ -126,7 +131,9 @@ class Product(Rule):
         it = _expand(lw, it, data, k, out)
         t = lw.target(out)
         if t is not None:  # one Requantize by s_x k / s_t, signed, 0 where k = 0
-            r = np.broadcast_to(a.scale * k / t.scale, np.broadcast_shapes(a.scale.shape, k.shape, t.scale.shape))
+            r = np.broadcast_to(
+                a.scale * k / t.scale, np.broadcast_shapes(a.scale.shape, k.shape, t.scale.shape)
+            )
             b, c = lw.dyadic(np.where(r == 0, 1.0, r), multiplier_bits(a.bound), "product multiplier", True)
             b, c = np.where(r == 0, 0, b), np.where(r == 0, 0, c)
             lw.set(out, lw.rescale(it, a, b, c, t, "product"), t)

@@ -32,14 +32,18 @@ from .lowerer import Lowerer, Outcome, optional_input
 _I32 = np.dtype(np.int32)
 
 
-def _clamp(lw: Lowerer, it, a: Affine, b, c, t: Affine, lo: int, hi: int, hint: str) -> tuple[gs.Tensor, Affine]:
+def _clamp(
+    lw: Lowerer, it, a: Affine, b, c, t: Affine, lo: int, hi: int, hint: str
+) -> tuple[gs.Tensor, Affine]:
     """``clip(round_shift((q - zx) b, c) + zy, lo, hi)``: one Requantize into ``t``'s type narrowed to
     ``[lo, hi]``."""
     inputs = [it, lw.zp(a.zero_point, a.dtype, "x_zp"), lw.const(np.asarray(b, np.int64), "mult"),
               lw.const(np.asarray(c, np.int64), "shift"), lw.zp(t.zero_point, t.dtype, "y_zp")]  # fmt: skip
     shape = it.shape if isinstance(it, gs.Variable) else None
     out = lw.private("Requantize", inputs, t.dtype, hint, shape=shape, qmin=lo, qmax=hi)
-    return out, Affine(t.scale, t.zero_point, t.dtype, bound=max(abs(lo - t.zero_point), abs(hi - t.zero_point)))
+    return out, Affine(
+        t.scale, t.zero_point, t.dtype, bound=max(abs(lo - t.zero_point), abs(hi - t.zero_point))
+    )
 
 
 def _affine_form(q: np.ndarray, table: np.ndarray, a: Affine, t: Affine) -> tuple[int, int, int] | None:
@@ -137,8 +141,13 @@ class PiecewiseLinear(Rule):
             lo = max(lo, t.zero_point)
         elif node.op == "Clip":
             scale, zp = np.asarray(t.scale, np.float32), np.asarray(t.zero_point, t.dtype)
-            ends = [int(quantize(np.float32(v), scale, zp, 0)) if v is not None else None for v in _bounds(node)]
-            lo, hi = max(lo, ends[0]) if ends[0] is not None else lo, min(hi, ends[1]) if ends[1] is not None else hi
+            ends = [
+                int(quantize(np.float32(v), scale, zp, 0)) if v is not None else None for v in _bounds(node)
+            ]
+            lo, hi = (
+                max(lo, ends[0]) if ends[0] is not None else lo,
+                min(hi, ends[1]) if ends[1] is not None else hi,
+            )
             if lo > hi:
                 raise ValueError("Clip's bounds are empty on the output's grid")
         return _clamp(lw, it, a, b, c, t, lo, hi, node.op.lower())
