@@ -7,7 +7,11 @@
   (float64), only its sign into the integers, so the constant carries no quantization error: the value is
   ``(q - zx) sign(k)`` at scale ``s_x |k|`` (``|k|`` read as 1 where ``k = 0``). With a QuantizeLinear after
   it that is one Requantize with the signed per-element multiplier ``s_x k / s_t`` (0 where ``k = 0``);
-  without one, the Requantize by ``sign(k)`` into int16 (int32 for wider inputs), exact.
+  without one, the Requantize by ``sign(k)`` into int16 (int32 for wider inputs), exact, where that scale
+  varies along at most one axis (a per-channel type every consumer reads); a scale varying along two (a
+  ``[T, C]`` table, nothing quantized after it) takes ``k`` quantized to int16 per tensor instead
+  (``|error| <= max|k| / 65534``) and the int32 product below. The positive-constant fold steps aside there
+  for the same reason.
 - ``x * y``, both quantized (``x * sigmoid(x)``, products of activations): the zero points removed into int32,
   an int32 ``Mul``, exact because ``|product| <= bound_x bound_y < 2**31`` (checked, else it declines), at
   scale ``s_x s_y``; then the Requantize into the target, or int32 left with that scale.
@@ -32,6 +36,17 @@ from .lowerer import Lowerer, Outcome
 
 _I32 = np.dtype(np.int32)
 INT32_MAX = qparams.INT32_MAX
+
+
+def _one_axis(scale: np.ndarray) -> bool:
+    """``scale`` varies along at most one axis (per tensor or per channel)."""
+    return sum(d != 1 for d in np.shape(scale)) <= 1
+
+
+def _folds(lw: Lowerer, node: gs.Node) -> bool:
+    """The positive-constant fold applies and its type is one every consumer reads."""
+    s = _scaling(lw, node)
+    return s is not None and (lw.target(node.outputs[0]) is not None or _one_axis(s[1].scale * s[2]))
 
 
 def _constant(lw: Lowerer, node: gs.Node):
@@ -94,11 +109,16 @@ class Product(Rule):
 
     def check(self, lw: Lowerer, m) -> str | None:
         node = m.root
-        if _scaling(lw, node) is not None:
+        if _folds(lw, node):
             return None
         const = _constant(lw, node)
         if const is not None:
-            return f"divisor '{node.inputs[1].name}' has zero entries" if const[1] is None else None
+            if const[1] is None:
+                return f"divisor '{node.inputs[1].name}' has zero entries"
+            a = lw.get(const[0])[1]
+            if self._quantized_k(lw, node, a, const[1]) and a.bound * 32767 > INT32_MAX:
+                return f"input '{const[0].name}' ({a.describe()}) times an int16 constant may exceed int32"
+            return None
         got = _tensors(lw, node)
         if got is not None:
             (_, a), (_, b) = got
@@ -115,7 +135,7 @@ class Product(Rule):
 
     def rewrite(self, lw: Lowerer, m) -> Outcome:
         node = m.root
-        if _scaling(lw, node) is not None:
+        if _folds(lw, node):
             return ScaleByConst().rewrite(lw, m)
         const = _constant(lw, node)
         if const is not None:
@@ -125,15 +145,24 @@ class Product(Rule):
         lw.ctx.count("lower_integer", f"{node.op} → {self.label}")
         return Outcome.HANDLED
 
+    @staticmethod
+    def _quantized_k(lw: Lowerer, node: gs.Node, a: Affine, k: np.ndarray) -> bool:
+        """No QuantizeLinear after it and ``s_x |k|`` varies along two axes: ``k`` is quantized to int16."""
+        return lw.target(node.outputs[0]) is None and not _one_axis(a.scale * k)
+
     def _by_constant(self, lw: Lowerer, node: gs.Node, data: gs.Tensor, k: np.ndarray) -> None:
         it, a = lw.get(data)
         out = node.outputs[0]
+        if self._quantized_k(lw, node, a, k):  # the int32 product with k in int16 per tensor
+            kq, tk = lw.quantize_const(k, np.int16, data.name + "_factor")
+            k32 = (lw.const(kq.values.astype(np.int32), "factor"), Affine(tk.scale, 0, np.int32, tk.bound))
+            self._of_tensors(lw, node, (it, a), k32)
+            return
         it = _expand(lw, it, data, k, out)
         t = lw.target(out)
         if t is not None:  # one Requantize by s_x k / s_t, signed, 0 where k = 0
-            r = np.broadcast_to(
-                a.scale * k / t.scale, np.broadcast_shapes(a.scale.shape, k.shape, t.scale.shape)
-            )
+            shape = np.broadcast_shapes(a.scale.shape, k.shape, t.scale.shape)
+            r = np.broadcast_to(a.scale * k / t.scale, shape)
             b, c = lw.dyadic(np.where(r == 0, 1.0, r), multiplier_bits(a.bound), "product multiplier", True)
             b, c = np.where(r == 0, 0, b), np.where(r == 0, 0, c)
             lw.set(out, lw.rescale(it, a, b, c, t, "product"), t)
@@ -141,8 +170,7 @@ class Product(Rule):
         sign = np.sign(k).astype(np.int64)
         scale = a.scale * np.where(k == 0, 1.0, np.abs(k))
         t = Affine(scale, 0, np.int16 if a.dtype.itemsize == 1 else np.int32, bound=a.bound)
-        ones = np.zeros(sign.shape, np.int64)
-        lw.set(out, lw.rescale(it, a, sign, ones, t, "sign"), t)
+        lw.set(out, lw.rescale(it, a, sign, np.zeros(sign.shape, np.int64), t, "sign"), t)
 
     def _of_tensors(self, lw: Lowerer, node: gs.Node, x, y) -> None:
         (ia, a), (ib, b) = _int32(lw, *x), _int32(lw, *y)

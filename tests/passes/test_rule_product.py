@@ -155,3 +155,18 @@ def test_product_of_two_int32_accumulators_declines():
     b = g.node("MatMul", [x, g.weight(RNG.standard_normal((16, 16)), axis=1)])
     g.output(g.qdq(g.node("Mul", [a, b]), 0.05))
     declines(g.model(), "Mul", "may exceed int32")
+
+
+@pytest.mark.parametrize("positive", [False, True])
+def test_two_axis_table_without_a_quantize_after_it_is_an_int16_factor(positive):
+    """A [T, C] table and nothing quantized after the Mul: the exact scale ``s |k|`` would vary along two axes
+    (no per-channel type holds it), so ``k`` is quantized to int16 per tensor and multiplied in int32; a
+    positive table, which the fold would take, goes the same way. Error: ``|x| max|k| / 65534``."""
+    k = np.random.default_rng(5).standard_normal((6, 16))
+    k = np.abs(k) if positive else k
+    g = G()
+    x = g.qdq(g.input("x", [2, 6, 16]), S_IN)
+    g.output(g.node("Mul", [x, g.const(k)]))
+    fq = g.model()
+    out, report = lowered(fq, {"x": X}, atol=128 * S_IN * np.max(np.abs(k)) / 65534 + 1e-6)
+    assert report.counts["lower_integer"]["Mul → product"] == 1 and op_counts(out).get("Mul") == 1
