@@ -12,7 +12,7 @@ import pytest
 
 from ivit_onnx import ConversionError, rewrite
 from tests.graphs import G, op_counts, run
-from tests.passes._rules import declines, lowered
+from tests.passes._rules import backends_agree, declines, lowered
 
 RNG = np.random.default_rng(11)
 X = (RNG.standard_normal((2, 6, 16)) * 1.5).astype(np.float32)
@@ -45,6 +45,7 @@ def test_constant_of_any_sign_and_shape_is_one_requantize(shape, dtype, zp):
     assert report.counts["lower_integer"]["Mul → product"] == 1
     assert op_counts(out).get("ai.ivit:Requantize") == 1 and "Mul" not in op_counts(out)
     _within_one_step(fq, out, {"x": X}, 0.021)
+    backends_agree(out, {"x": X})  # signed per-element multipliers, zeros among them
 
 
 def test_negative_layer_scale_no_longer_declines():
@@ -67,6 +68,7 @@ def test_table_broadcasting_the_tensor_up_is_expanded():
     xs = X[:, :1]
     out, _ = lowered(fq, {"x": xs}, atol=0.02 * (1 + 1e-6))
     assert op_counts(out).get("Expand") == 1 and run(out, {"x": xs})[0].shape == (2, 6, 16)
+    backends_agree(out, {"x": xs})
 
 
 def test_division_by_a_negative_constant():
@@ -119,6 +121,7 @@ def test_silu_is_the_sigmoid_table_then_a_product_of_two_activations(dtype, zp):
     assert counts["Mul → product"] == 1 and counts["Sigmoid → table lookup (Gather)"] == 1
     assert op_counts(out).get("Mul") == 1  # the int32 product
     _within_one_step(fq, out, {"x": X}, 0.02)
+    backends_agree(out, {"x": X})
 
 
 def test_product_of_activations_broadcast_and_per_channel():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.graphs import G, op_counts, run
-from tests.passes._rules import declines, lowered
+from tests.passes._rules import backends_agree, declines, lowered
 
 ZPS = [(np.int8, 0), (np.uint8, 128), (np.uint8, 37)]
 CLAMP = "exact integer clamp (Requantize)"
@@ -44,6 +44,7 @@ def test_clamps_into_the_input_type_are_one_exact_requantize(op, extra, same_typ
     out, report = lowered(fq, _feeds(zp, dtype), atol=0)
     assert report.counts["lower_integer"][f"{op} → {same_type_kind}"] == 1
     assert op_counts(out).get("ai.ivit:Requantize") == 1 and "Gather" not in op_counts(out)
+    backends_agree(out, _feeds(zp, dtype))  # a narrowed qmin/qmax, a multiplier of -1
 
 
 @pytest.mark.parametrize("dtype, zp", ZPS)
@@ -89,6 +90,7 @@ def test_without_a_quantize_after_it_the_input_scale_is_kept_exactly(op, dtype, 
         ref = run(fq, feeds)[0]
         assert np.max(ref) == pytest.approx((zp - np.iinfo(dtype).min) * 0.03, rel=1e-6)  # the extreme
     assert op not in op_counts(out) or op == "Abs"  # Abs: the int32 standard op
+    backends_agree(out, feeds)
 
 
 def test_float_clip_without_a_quantize_after_it_rounds_its_bounds_onto_the_grid():
@@ -125,6 +127,7 @@ def test_int32_accumulator_input_within_one_output_step(op):
     out, report = lowered(g.model(), {"x": xs}, atol=0.02 * (1 + 1e-6))
     kind = TABLE if op in ("HardSigmoid", "Erf") else CLAMP
     assert report.counts["lower_integer"][f"{op} → {kind}"] == 1
+    backends_agree(out, {"x": xs})
 
 
 @pytest.mark.parametrize("op", ["LeakyRelu", "HardSwish", "Softplus"])
