@@ -30,7 +30,7 @@ from .lowerer import Lowerer, Outcome
 #: op types tabulated (each as onnxruntime computes it in float32, with the node's attributes)
 FUNCTIONS = (
     "Tanh", "Sigmoid", "Erf", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Elu", "Selu", "Celu",
-    "LeakyRelu", "ThresholdedRelu", "Mish",
+    "ThresholdedRelu", "Mish",
 )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Relu / Neg / Abs / float Clip of a quantized tensor: exact integer ops, or an exact table.
+"""Relu / Neg / Abs / LeakyRelu / float Clip of a quantized tensor: exact integer ops, or an exact table.
 
 On an 8- or 16-bit per-tensor input the fake-quant values ``Q(f(DQ(q)))`` over every ``q`` are computed as
 the table lookups compute them (:func:`.lookup.table_of`); where that table is ``clip(m (q - zx) + zy, lo,
@@ -7,15 +7,18 @@ Requantize (``b = m``, ``c = 0``, ``qmin = lo``, ``qmax = hi``), else the table 
 the fake-quant model either way, checked on every input. With no QuantizeLinear after it the output keeps the
 input's scale exactly: Relu and Clip the input's type (a float Clip's bounds rounded onto its grid, half to
 even, as a QuantizeLinear of that type would), Neg the mirrored zero point ``qmin + qmax - zx`` (``-1 - q``
-on int8: -128 ↔ 127, no widening), Abs ``|q - zx|`` in int32.
+on int8: -128 ↔ 127, no widening), Abs ``|q - zx|`` in int32, LeakyRelu with ``alpha = m / 2**k`` (float32:
+always dyadic) ``m (q - zx) + (2**k - m) relu(q - zx)`` in int32 at scale ``s / 2**k`` where that fits.
 
 A wider input (an int32 accumulator) or a per-channel one takes integer ops: Relu and Clip are one Requantize
 into the target with ``qmin``/``qmax`` at ``Q(0)`` / ``Q(lo)``, ``Q(hi)`` (``Q`` is monotone, so
-``Q(clip(x)) = clip(Q(x))``), Neg one Requantize with a negative multiplier, Abs ``|q - zx|`` then a
-Requantize; each within the one output step of any requantize (ties, the dyadic multiplier).
-"""
+``Q(clip(x)) = clip(Q(x))``), Neg one Requantize with a negative multiplier, Abs ``|q - zx|`` and LeakyRelu
+the int32 form above, then a Requantize; each within the one output step of any requantize (ties, the dyadic
+multiplier)."""
 
 from __future__ import annotations
+
+from fractions import Fraction
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -76,19 +79,40 @@ def _own(node: gs.Node, a: Affine) -> Affine:
     return a
 
 
-class PiecewiseLinear(Rule):
-    """Relu / Neg / Abs → an exact Requantize clamp, a table, or integer ops."""
+def _slope(node: gs.Node) -> tuple[int, int]:
+    """LeakyRelu's float32 ``alpha`` as ``m / 2**k`` exactly (every float is dyadic)."""
+    f = Fraction(float(np.float32(node.attrs.get("alpha", 0.01))))
+    return f.numerator, f.denominator.bit_length() - 1
 
-    pattern = Op(("Relu", "Neg", "Abs"))
+
+def _leaky_bound(node: gs.Node, a: Affine) -> int:
+    """The bound of ``2**k LeakyRelu(q - zx) = m (q - zx) + (2**k - m) relu(q - zx)``."""
+    m, k = _slope(node)
+    return a.bound * (abs(m) + abs((1 << k) - m))
+
+
+class PiecewiseLinear(Rule):
+    """Relu / Neg / Abs / LeakyRelu → an exact Requantize clamp, a table, or integer ops."""
+
+    pattern = Op(("Relu", "Neg", "Abs", "LeakyRelu"))
     label = "exact integer clamp (Requantize)"
 
     def check(self, lw: Lowerer, m) -> str | None:
-        why = lw.missing(m.root.inputs[0])
-        if why is None and m.root.op == "Clip":
+        node = m.root
+        why = lw.missing(node.inputs[0])
+        if why is None and node.op == "Clip":
             try:
-                _bounds(m.root)
+                _bounds(node)
             except ValueError as e:
                 return str(e)
+        if why is None and node.op == "LeakyRelu" and not lookup.tabulable(lw, node.inputs[0]):
+            a = lw.get(node.inputs[0])[1]
+            if _leaky_bound(node, a) > qparams.INT32_MAX:
+                mult, k = _slope(node)
+                return (
+                    f"input '{node.inputs[0].name}' is {a.describe()} and alpha = {mult}/2**{k}: "
+                    "2**k LeakyRelu(x) may exceed int32 (quantize its input to 8 or 16 bits)"
+                )
         return why
 
     def rewrite(self, lw: Lowerer, m) -> Outcome:
@@ -100,14 +124,16 @@ class PiecewiseLinear(Rule):
         else:
             out = self._wide(lw, node, it, a, t)
         if out is not None:
-            lw.set(node.outputs[0], *out)
-            lw.ctx.count("lower_integer", f"{node.op} → {self.label}")
+            lw.set(node.outputs[0], *out[:2])
+            lw.ctx.count("lower_integer", f"{node.op} → {out[2] if len(out) > 2 else self.label}")
         return Outcome.HANDLED
 
     def _exact(self, lw: Lowerer, node: gs.Node, it, a: Affine, t: Affine | None):
         """8/16-bit per tensor: the fake-quant table, as one Requantize where it is an affine clamp."""
         if t is None and node.op == "Abs":
             return self._abs(lw, it, a, None)
+        if t is None and node.op == "LeakyRelu" and _leaky_bound(node, a) <= qparams.INT32_MAX:
+            return self._leaky(lw, node, it, a, None)
         own = _own(node, a)
         q, y = lookup.fake_quant(lw, node, a, t)
         if t is None:  # exact on the grid (Relu, Neg); a Clip's bounds rounded onto it
@@ -124,6 +150,8 @@ class PiecewiseLinear(Rule):
         """int32 or per-channel input: integer ops, requantized into the target."""
         if node.op == "Abs":
             return self._abs(lw, it, a, t)
+        if node.op == "LeakyRelu":
+            return self._leaky(lw, node, it, a, t)
         if node.op == "Clip" and t is None:  # the bounds on the input's grid: one scale
             it, a = lw.per_tensor(it, a)
         sign = -1 if node.op == "Neg" else 1
@@ -160,8 +188,23 @@ class PiecewiseLinear(Rule):
             it, _ = _clamp(lw, it, a, ones, ones * 0, c32, *dtype_range(np.int32), "center")
         it = lw.node("Abs", [it], np.int32, "abs", shape=it.shape)
         if t is None:
-            return it, c32
-        return lw.requantize(it, c32, t), t
+            return it, c32, "integer Abs"
+        return lw.requantize(it, c32, t), t, "integer Abs"
+
+    def _leaky(self, lw: Lowerer, node: gs.Node, it, a: Affine, t: Affine | None):
+        """``2**k LeakyRelu = m (q - zx) + (2**k - m) relu(q - zx)`` in int32 at scale ``s / 2**k`` (exact:
+        two Requantizes with shift 0, the second clamped at 0, and an Add), requantized into ``t``."""
+        m, k = _slope(node)
+        s32 = Affine(a.scale / (1 << k), 0, np.int32, bound=_leaky_bound(node, a))
+        top = qparams.INT32_MAX
+        y, _ = _clamp(lw, it, a, np.int64(m), np.int64(0), s32, -top, top, "slope")
+        rest = (1 << k) - m
+        if rest:
+            lo, hi = (0, top) if rest > 0 else (-top, 0)
+            r, _ = _clamp(lw, it, a, np.int64(rest), np.int64(0), s32, lo, hi, "positive_part")
+            y = lw.node("Add", [y, r], np.int32, "leaky", shape=it.shape)
+        label = "integer LeakyRelu (dyadic slope)"
+        return (y, s32, label) if t is None else (lw.requantize(y, s32, t), t, label)
 
 
 class FloatClip(PiecewiseLinear):

@@ -125,12 +125,12 @@ def test_int32_accumulator_input_within_one_output_step(op):
     g.output(g.qdq(g.node(op, [acc, *extra]), 0.02))
     xs = (np.random.default_rng(4).standard_normal((2, 6, 16)) * 2).astype(np.float32)
     out, report = lowered(g.model(), {"x": xs}, atol=0.02 * (1 + 1e-6))
-    kind = TABLE if op in ("HardSigmoid", "Erf") else CLAMP
+    kind = TABLE if op in ("HardSigmoid", "Erf") else "integer Abs" if op == "Abs" else CLAMP
     assert report.counts["lower_integer"][f"{op} → {kind}"] == 1
     backends_agree(out, {"x": xs})
 
 
-@pytest.mark.parametrize("op", ["LeakyRelu", "HardSwish", "Softplus"])
+@pytest.mark.parametrize("op", ["Elu", "HardSwish", "Softplus"])
 def test_non_saturating_function_of_an_accumulator_declines(op):
     g = G()
     x = g.qdq(g.input("x", [2, 6, 16]), 0.03)
@@ -145,3 +145,36 @@ def test_clip_with_a_tensor_bound_declines():
     hi = g.node("ReduceMax", [x], keepdims=0)
     g.output(g.qdq(g.node("Clip", [x, g.const(0.0), hi]), 0.03))
     declines(g.model(), "Clip", "is not a float constant scalar")
+
+
+@pytest.mark.parametrize("dtype, zp", ZPS)
+@pytest.mark.parametrize("alpha", [0.25, -0.375, 1.5])
+def test_leaky_relu_with_nothing_quantized_after_it_is_exact_integer_ops(alpha, dtype, zp):
+    """``alpha = m / 2**k``: ``m (q - zx) + (2**k - m) relu(q - zx)`` at scale ``s / 2**k``, the fake-quant
+    real values exactly (a negative slope and one above 1 included): equal to the fake-quant float32 values up
+    to their own rounding of ``alpha * x`` (none for a power of two)."""
+    fq = _graph("LeakyRelu", dtype, zp, None, alpha=alpha)
+    out, report = lowered(fq, _feeds(zp, dtype), atol=0 if alpha == 0.25 else 1e-6)
+    assert report.counts["lower_integer"]["LeakyRelu → integer LeakyRelu (dyadic slope)"] == 1
+    backends_agree(out, _feeds(zp, dtype))
+
+
+def _leaky_of_accumulator(alpha):
+    g = G()
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.03)
+    acc = g.node("MatMul", [x, g.weight(np.random.default_rng(3).standard_normal((16, 8)) * 0.3, axis=1)])
+    g.output(g.qdq(g.node("LeakyRelu", [acc], alpha=alpha), 0.02))
+    return g.model()
+
+
+def test_leaky_relu_of_an_accumulator_with_a_short_slope_within_one_output_step():
+    xs = (np.random.default_rng(4).standard_normal((2, 6, 16)) * 2).astype(np.float32)
+    out, report = lowered(_leaky_of_accumulator(0.125), {"x": xs}, atol=0.02 * (1 + 1e-6))
+    assert report.counts["lower_integer"]["LeakyRelu → integer LeakyRelu (dyadic slope)"] == 1
+
+
+def test_leaky_relu_of_an_accumulator_with_a_long_slope_declines():
+    """float32 0.01 is 5368709 / 2**29: times an int32 accumulator it overflows int32."""
+    declines(
+        _leaky_of_accumulator(0.01), "LeakyRelu", "alpha = 5368709/2**29: 2**k LeakyRelu(x) may exceed int32"
+    )
