@@ -10,11 +10,12 @@
   without one, the Requantize by ``sign(k)`` into int16 (int32 for wider inputs), exact, where that scale
   varies along at most one axis (a per-channel type every consumer reads); a scale varying along two (a
   ``[T, C]`` table, nothing quantized after it) takes ``k`` quantized to int16 per tensor instead
-  (``|error| <= max|k| / 65534``) and the int32 product below. The positive-constant fold steps aside there
+  (``|k - k_q| <= max|k| / 65534``) and the int32 product below. The positive-constant fold steps aside there
   for the same reason.
 - ``x * y``, both quantized (``x * sigmoid(x)``, products of activations): the zero points removed into int32,
   an int32 ``Mul``, exact because ``|product| <= bound_x bound_y < 2**31`` (checked, else it declines), at
-  scale ``s_x s_y``; then the Requantize into the target, or int32 left with that scale.
+  scale ``s_x s_y``; then the Requantize into the target, or int32 left with that scale (made per tensor
+  where it varies along two axes).
 
 Each Requantize rounds the exact real product once: within one output step of the fake-quant model (which
 rounds ``float32(x * y)`` half to even; the Requantize rounds half up with a dyadic multiplier of relative
@@ -178,4 +179,7 @@ class Product(Rule):
         p = lw.node("Mul", [ia, ib], np.int32, "product", shape=out.shape)
         pt = Affine(a.scale * b.scale, 0, np.int32, bound=a.bound * b.bound)
         t = lw.target(out)
-        lw.set(out, *((lw.requantize(p, pt, t), t) if t is not None else (p, pt)))
+        if t is not None:
+            lw.set(out, lw.requantize(p, pt, t), t)
+        else:  # int32 left; a scale varying along two axes (per-channel times per-row) made per tensor
+            lw.set(out, *((p, pt) if _one_axis(pt.scale) else lw.per_tensor(p, pt)))

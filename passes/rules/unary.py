@@ -95,7 +95,7 @@ class PiecewiseLinear(Rule):
     """Relu / Neg / Abs / LeakyRelu → an exact Requantize clamp, a table, or integer ops."""
 
     pattern = Op(("Relu", "Neg", "Abs", "LeakyRelu"))
-    label = "exact integer clamp (Requantize)"
+    label = "integer clamp (Requantize)"
 
     def check(self, lw: Lowerer, m) -> str | None:
         node = m.root
@@ -168,6 +168,10 @@ class PiecewiseLinear(Rule):
         if node.op == "Relu":
             lo = max(lo, t.zero_point)
         elif node.op == "Clip":
+            if not t.per_tensor:
+                raise ValueError(
+                    "a per-channel QuantizeLinear after a float Clip (its bounds differ per channel)"
+                )
             scale, zp = np.asarray(t.scale, np.float32), np.asarray(t.zero_point, t.dtype)
             ends = [
                 int(quantize(np.float32(v), scale, zp, 0)) if v is not None else None for v in _bounds(node)

@@ -124,17 +124,23 @@ def test_silu_is_the_sigmoid_table_then_a_product_of_two_activations(dtype, zp):
     backends_agree(out, {"x": X})
 
 
-def test_product_of_activations_broadcast_and_per_channel():
-    """[N, T, C] times [N, T, 1] activations, one of them per-channel after a positive layer-scale fold."""
+@pytest.mark.parametrize("quantized_after", [True, False])
+def test_product_of_activations_broadcast_and_per_channel(quantized_after):
+    """[N, T, C] times [N, T, 1] activations, one of them per-channel after a positive layer-scale fold. With
+    nothing quantized after it the int32 product's scale (per channel times per row) is made per tensor: one
+    requantize, within one step of that finest scale."""
     g = G()
     x = g.qdq(g.input("x", [2, 6, 16]), S_IN)
     gate = g.qdq(g.node("ReduceMean", [x], axes=[2], keepdims=1), 0.01)
     x2 = g.node("Mul", [x, g.const(np.linspace(0.5, 2.0, 16))])  # folds: a per-channel scale
-    g.output(g.qdq(g.node("Mul", [x2, gate]), 0.003))
+    y = g.node("Mul", [x2, gate])
+    g.output(g.qdq(y, 0.003) if quantized_after else y)
     fq = g.model()
-    out, report = lowered(fq, {"x": X}, atol=0.003 * (1 + 1e-6))
+    step = 0.003 if quantized_after else S_IN * 0.5 * 0.01
+    out, report = lowered(fq, {"x": X}, atol=step * (1 + 1e-6))
     assert report.counts["lower_integer"]["Mul → product"] == 1
-    _within_one_step(fq, out, {"x": X}, 0.003)
+    if quantized_after:
+        _within_one_step(fq, out, {"x": X}, step)
 
 
 def test_declines_one_line_naming_the_node():

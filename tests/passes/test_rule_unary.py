@@ -11,7 +11,7 @@ from tests.graphs import G, op_counts, run
 from tests.passes._rules import backends_agree, declines, lowered
 
 ZPS = [(np.int8, 0), (np.uint8, 128), (np.uint8, 37)]
-CLAMP = "exact integer clamp (Requantize)"
+CLAMP = "integer clamp (Requantize)"
 TABLE = "table lookup (Gather)"
 
 
