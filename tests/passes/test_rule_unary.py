@@ -178,3 +178,32 @@ def test_leaky_relu_of_an_accumulator_with_a_long_slope_declines():
     declines(
         _leaky_of_accumulator(0.01), "LeakyRelu", "alpha = 5368709/2**29: 2**k LeakyRelu(x) may exceed int32"
     )
+
+
+@pytest.mark.tvm
+def test_tvm_engine_gives_the_same_bits():
+    """The new integer forms in one graph (clamps with a narrowed range and a multiplier of -1, Abs,
+    LeakyRelu's two Requantizes, a table, signed per-element product multipliers, an int32 product) through
+    the TVM engine (llvm): the library's bits."""
+    pytest.importorskip("tvm")
+    from ivit_onnx.engines.tvm import compile_model
+    from ivit_onnx.engines.tvm import run as tvm_run
+    from ivit_onnx.runners import make_runner
+
+    g = G()
+    x = g.qdq(g.input("x", [2, 8, 16]), 0.03, 37, np.uint8)
+    ys = [
+        g.qdq(g.node("Relu", [x]), 0.03, 37, np.uint8),
+        g.qdq(g.node("Neg", [x]), 0.03, 255 - 37, np.uint8),
+        g.node("Abs", [x]),
+        g.node("LeakyRelu", [x], alpha=-0.375),
+        g.qdq(g.node("HardSwish", [x]), 0.02),
+        g.qdq(g.node("Mul", [x, g.const(np.linspace(-1, 1, 16))]), 0.02),
+        g.qdq(g.node("Mul", [x, g.qdq(g.node("Sigmoid", [x]), 1 / 255, 0, np.uint8)]), 0.02),
+    ]
+    for y in ys:
+        g.output(y)
+    out, _ = lowered(g.model(), _feeds(37, np.uint8), atol=0.02 * (1 + 1e-6))
+    feeds = _feeds(37, np.uint8)
+    got, ref = tvm_run(compile_model(out), feeds), make_runner("library", out).run(feeds)
+    assert len(got) == len(ys) and all(np.array_equal(a, b) for a, b in zip(got, ref.values(), strict=True))
