@@ -26,7 +26,7 @@ LOWERING = (
     qdq.Quantize(),
     qdq.Dequantize(),
     chain.FirstOf(qdq.Clip(), unary.FloatClip()),  # #27: QCDQ's integer Clip, else a float Clip's clamp
-    unary.PiecewiseLinear(),  # #27: Relu / Neg / Abs
+    unary.PiecewiseLinear(),  # #27: Relu / Neg / Abs / LeakyRelu
     linear.MatMul(),
     linear.Gemm(),
     linear.Conv(),
