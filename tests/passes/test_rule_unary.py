@@ -180,6 +180,7 @@ def test_leaky_relu_of_an_accumulator_with_a_long_slope_declines():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.tvm
 def test_tvm_engine_gives_the_same_bits():
     """The new integer forms in one graph (clamps with a narrowed range and a multiplier of -1, Abs,
