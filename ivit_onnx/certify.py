@@ -100,6 +100,7 @@ def float_offenders(model: onnx.ModelProto) -> list[Offender]:
 
     # allowed (node, tensor) touches: the scale operands and the boundary quantize/dequantize
     allowed: set[tuple[int, str]] = set()
+    inputs |= _input_casts(g, inputs, allowed)
     scale_consts: set[str] = set()
     for i, n in enumerate(g.node):
         if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.domain in STANDARD_DOMAINS:
@@ -130,6 +131,35 @@ def float_offenders(model: onnx.ModelProto) -> list[Offender]:
         if is_float(o) and o not in touched and not any(b.tensor == o for b in bad):
             bad.append(Offender("graph output", o, dtype_name(o)))
     return bad
+
+
+def _input_casts(g: onnx.GraphProto, inputs: set[str], allowed: set[tuple[int, str]]) -> set[str]:
+    """The outputs of float → float Casts of a graph input that only QuantizeLinear (as ``x``) or more such
+    Casts read (a float16 input cast to float32 before the input quantize): input conversions in front of the
+    integer region, allowed like the input itself; their touches are added to ``allowed``."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    index = {id(n): i for i, n in enumerate(g.node)}
+
+    def feeds_quantize(t: str, depth: int = 0) -> bool:
+        return bool(readers.get(t)) and depth < 8 and all(
+            (r.op_type == "QuantizeLinear" and r.input[0] == t)
+            or (r.op_type == "Cast" and feeds_quantize(r.output[0], depth + 1))
+            for r in readers[t]
+        )
+
+    out: set[str] = set()
+    todo = [t for t in inputs if feeds_quantize(t)]
+    while todo:
+        t = todo.pop()
+        for r in readers.get(t, []):
+            if r.op_type == "Cast" and r.output[0] not in out:
+                allowed.update({(index[id(r)], t), (index[id(r)], r.output[0])})
+                out.add(r.output[0])
+                todo.append(r.output[0])
+    return out
 
 
 def is_integer_only(model: onnx.ModelProto) -> bool:

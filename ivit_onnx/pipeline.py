@@ -11,6 +11,7 @@ rewrote in ``ctx.counts``; the report is built from those counts. Users reorder,
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,16 +20,13 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from . import qparams
 from .errors import ConversionError, one_line
 from .io import atomic_output, default_opset, ensure_opset, fold_quantized_weights, load_model, skeleton
 
-#: the integer kernel choices of each nonlinear op (the paper's ablation, Table 2); the first is the default
-#: (I-ViT's Shiftmax / ShiftGELU / I-LayerNorm), then I-BERT's polynomials, FQ-ViT's LIS, L1 LayerNorm
-KERNELS: dict[str, tuple[str, ...]] = {
-    "softmax": ("shiftmax", "ibert", "lis"),
-    "gelu": ("shiftgelu", "ibert"),
-    "layernorm": ("ilayernorm", "l1"),
-}
+#: the integer kernel choices of each nonlinear op, the default first (names of ``qparams.KERNELS``, the one
+#: table of kernel choices: I-ViT's Shiftmax / ShiftGELU / I-LayerNorm, then the paper's ablation kernels)
+KERNELS: dict[str, tuple[str, ...]] = {op: tuple(choices) for op, choices in qparams.KERNELS.items()}
 
 
 @dataclass
@@ -93,6 +91,8 @@ class Report:
     counts: dict[str, dict[str, int]]
     notes: dict[str, Any]
     passes_run: list[str]
+    #: wall seconds per pass (kept out of ``to_dict``: the report's JSON stays the same run to run)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"passes": self.passes_run, "counts": self.counts, **self.notes}
@@ -199,12 +199,14 @@ class Pipeline:
             ir_version=proto.ir_version,
         )
         del proto, inferred
-        ran = []
+        ran, seconds = [], {}
         for p in self.passes:
             missing = [r for r in p.requires if r not in _guaranteed(self.passes[: len(ran)])]
             if missing:
                 raise ConversionError(f"pass {p.name} requires {missing}, which no earlier pass guarantees")
+            start = time.perf_counter()
             _run_pass(p, ctx)
+            seconds[p.name] = seconds.get(p.name, 0.0) + time.perf_counter() - start
             ran.append(p.name)
             if p.name == stop_after:
                 break
@@ -221,7 +223,7 @@ class Pipeline:
         out.producer_name, out.producer_version = "ivit-onnx", _version()
         for k, v in sorted(ctx.metadata.items()):
             out.metadata_props.add(key=k, value=v)
-        return out, Report({k: dict(v) for k, v in ctx.counts.items()}, dict(ctx.notes), ran)
+        return out, Report({k: dict(v) for k, v in ctx.counts.items()}, dict(ctx.notes), ran, seconds)
 
 
 def _run_pass(p: Pass, ctx: Context) -> None:

@@ -294,6 +294,9 @@ def _layernorm(
         top = float(np.max(np.abs(gamma))) * (unit if reach is None else reach) + float(np.max(np.abs(beta)))
         t = Affine(np.float64(top / 32767 if top > 0 else 1.0), 0, np.int16)
     mult = unit * gamma / (2.0**p * float(t.scale))
+    # a dead channel (pretrained weights hold gamma entries like -5e-33) moves its output by less than 2**-20
+    # of a step even at the largest |u| = 2**p: its multiplier is 0, the output its bias alone
+    mult = np.where(np.abs(mult) * 2.0**p < 2.0**-20, 0.0, mult)
     shifted_beta = beta / float(t.scale)
     b = np.zeros(c_len, np.int64)
     c = np.zeros(c_len, np.int64)
@@ -316,8 +319,6 @@ def _layernorm(
 
 #: I-BERT's exp polynomial on (-ln2, 0]: L(p) = A (p + B)**2 + C (Kim et al. 2021, Sec. 3.4)
 IBERT_A, IBERT_B, IBERT_C = 0.3585, 1.353, 0.344
-#: the polynomial-exp softmax ops by ``Options.softmax``
-POLY_SOFTMAX = {"ibert": "IBertSoftmax", "lis": "LogIntSoftmax"}
 #: FQ-ViT's Log-Int-Softmax levels: 2**LIS_LOG_BITS powers of two (4-bit), 0 beyond
 LIS_LOG_BITS = 4
 
@@ -385,3 +386,41 @@ def poly_softmax(a: Affine, row: int, target: Affine | None, min_x0: int) -> Pol
         bits = SOFTMAX_DEFAULT_BITS
         target = Affine(np.float64(2.0**-bits), 0, np.int32, bound=2**bits)
     return PolySoftmaxParams(grid, x0, qb, qc, max_n(qb * qb + qc, row), bits, target)
+
+
+# ---- the one table of kernel choices ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One integer kernel of a nonlinear op: the private op it emits, the function of this module that
+    computes its parameters, and the attributes the op reads from those parameters (the softmaxes' come from
+    their parameters' ``attrs``)."""
+
+    op: str
+    params: Callable
+    attrs: tuple[str, ...] = ()
+
+
+#: ``--softmax/--gelu/--layernorm`` value -> its kernel, per op; the first is the default (I-ViT's), the rest
+#: the paper's ablation (Table 2): I-BERT's polynomials, FQ-ViT's Log-Int-Softmax, Fully-8bit's L1 LayerNorm.
+#: The converter's rules, its options, the torch QAT kernels and the approximation tests all read this table.
+KERNELS: dict[str, dict[str, Kernel]] = {
+    "softmax": {
+        "shiftmax": Kernel("Shiftmax", shiftmax, ("x0", "n", "bits")),
+        "ibert": Kernel("IBertSoftmax", poly_softmax),
+        "lis": Kernel("LogIntSoftmax", poly_softmax),
+    },
+    "gelu": {
+        "shiftgelu": Kernel("ShiftGELU", shiftgelu, ("x0", "n", "bits")),
+        "ibert": Kernel("IBertGELU", ibert_gelu, ("clip", "coeff", "k")),
+    },
+    "layernorm": {
+        "ilayernorm": Kernel("ILayerNorm", layernorm, ("shift_in", "p")),
+        "l1": Kernel("L1LayerNorm", l1_layernorm, ("shift_in", "p")),
+    },
+}
+#: the polynomial-exp softmax ops by ``Options.softmax`` (a view of :data:`KERNELS`)
+POLY_SOFTMAX = {c: k.op for c, k in KERNELS["softmax"].items() if k.params is poly_softmax}
+#: every kernel by the private op it emits
+BY_OP = {k.op: k for choices in KERNELS.values() for k in choices.values()}

@@ -7,6 +7,7 @@ import onnx
 from .errors import ConversionError, one_line
 from .io import check_output_path, save_model, skeleton
 from .pipeline import Options, Pipeline, Report
+from .weights import unshare_gemm_weights
 
 
 def rewrite(
@@ -31,7 +32,12 @@ def rewrite(
     pipe = pipeline or Pipeline.default()
     out, report = pipe.run(model, Options(**options), stop_after=stop_after, base_dir=base_dir)
     if stop_after is None or stop_after == pipe.names[-1]:
+        copies = unshare_gemm_weights(out)
+        if copies:
+            report.counts.setdefault("finalize", {})["shared GEMM weight copied"] = copies
         _check(out)
+        if not options.get("allow_float"):
+            _certify(out)
     if output is not None:
         save_model(out, output, external_data)
     return out, report
@@ -43,3 +49,21 @@ def _check(model: onnx.ModelProto) -> None:
         onnx.checker.check_model(skeleton(model), full_check=True)
     except Exception as e:  # noqa: BLE001 - ValidationError, InferenceError, and the checker's C++ errors
         raise ConversionError(f"output fails the ONNX check: {one_line(e)}") from None
+
+
+def _certify(model: onnx.ModelProto, shown: int = 4) -> None:
+    """Strict means certified: the integer-only certificate validate runs (``certify.float_offenders``) must
+    pass, or the conversion fails naming the first float tensors, before anything is written."""
+    from .certify import float_offenders
+
+    try:
+        bad = float_offenders(model)
+    except Exception as e:  # noqa: BLE001 - strict shape inference's errors, as validate reports them
+        raise ConversionError(f"output fails the integer-only certificate: {one_line(e)}") from None
+    if bad:
+        more = f"; ... ({len(bad) - shown} more)" if len(bad) > shown else ""
+        raise ConversionError(
+            f"output fails the integer-only certificate: {len(bad)} float tensor(s) between the input "
+            f"quantize and the output dequantize: {'; '.join(map(str, bad[:shown]))}{more}; "
+            "rerun with --allow-float to keep them"
+        )

@@ -45,18 +45,6 @@ from .vit import VisionTransformer
 
 _NP_DTYPES = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16, torch.int32: np.int32}
 _INT32 = Affine(np.float64(1.0), 0, np.int32)
-#: GELU kernels by ``Options.gelu``: (parameters, torch kernel, integer attributes), as the rule emits them
-_GELUS = {
-    "shiftgelu": (qparams.shiftgelu, int_ops.shiftgelu, ("x0", "n", "bits")),
-    "ibert": (qparams.ibert_gelu, int_ops.ibertgelu, ("clip", "coeff", "k")),
-}
-#: LayerNorm kernels by ``Options.layernorm``: (parameters, torch kernel)
-_LAYERNORMS = {
-    "ilayernorm": (qparams.layernorm, int_ops.ilayernorm),
-    "l1": (qparams.l1_layernorm, int_ops.l1layernorm),
-}
-
-
 @dataclass
 class QT:
     """An integer tensor on its way through the model: integers, their affine type, and the float value
@@ -155,7 +143,7 @@ def softmax_kernel(q: Tensor, a: Affine, target: Affine | None, opt: Options) ->
         sp = qparams.shiftmax(a, q.shape[-1], target, opt.min_x0)
         y = int_ops.shiftmax(_upscale(q, a, sp.up), _zp(sp.t.zero_point), x0=sp.x0, n=sp.n, bits=sp.bits)
         return y, sp.t
-    op = qparams.POLY_SOFTMAX[opt.softmax]
+    op = qparams.KERNELS["softmax"][opt.softmax].op
     pp = qparams.poly_softmax(a, q.shape[-1], target, opt.min_x0)
     q = _rescale_by(q, a, pp.grid.m, pp.grid.c, pp.grid.a)
     return int_ops.KERNELS[op](q, _zp(pp.t.zero_point), **pp.attrs(op)), pp.t
@@ -164,8 +152,9 @@ def softmax_kernel(q: Tensor, a: Affine, target: Affine | None, opt: Options) ->
 def gelu_kernel(q: Tensor, a: Affine, target: Affine | None, opt: Options) -> tuple[Tensor, Affine]:
     """ShiftGELU or IBertGELU (``opt.gelu``) of ``q`` (symmetric per-tensor type ``a``), requantized into
     ``target``: the exact upscale, then the op. Returns the output integers and their type."""
-    params, kernel, attrs = _GELUS[opt.gelu]
-    gp = params(a, target, opt.min_x0, opt.gelu_bits)
+    spec = qparams.KERNELS["gelu"][opt.gelu]
+    kernel, attrs = int_ops.KERNELS[spec.op], spec.attrs
+    gp = spec.params(a, target, opt.min_x0, opt.gelu_bits)
     lo, hi = gp.t.qrange
     y = kernel(
         _upscale(q, a, gp.up),
@@ -186,8 +175,9 @@ def layernorm_kernel(
     gamma and beta folded, into ``target``: an optional narrowing Requantize, then the op."""
     gamma = ln.weight.detach().numpy()
     beta = ln.bias.detach().numpy() if ln.bias is not None else None
-    params, kernel = _LAYERNORMS[opt.layernorm]
-    lp = params(a, q.shape[-1], gamma, beta, target, opt.ln_fraction_bits)
+    spec = qparams.KERNELS["layernorm"][opt.layernorm]
+    kernel = int_ops.KERNELS[spec.op]
+    lp = spec.params(a, q.shape[-1], gamma, beta, target, opt.ln_fraction_bits)
     q = q if lp.pre is None else _rescale(q, a, lp.pre)
     lo, hi = dtype_range(lp.t.dtype)
     y = kernel(

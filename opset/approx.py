@@ -21,12 +21,8 @@ from .. import qparams
 from ..affine import Affine, dtype_range
 from . import OPS
 
-#: the kernel of each ``Options`` choice (``ivit_onnx.pipeline.KERNELS``), by the op it replaces
-KERNEL_OPS = {
-    "softmax": {"shiftmax": "Shiftmax", **qparams.POLY_SOFTMAX},
-    "gelu": {"shiftgelu": "ShiftGELU", "ibert": "IBertGELU"},
-    "layernorm": {"ilayernorm": "ILayerNorm", "l1": "L1LayerNorm"},
-}
+#: the private op of each ``Options`` choice, by the op it replaces (a view of ``qparams.KERNELS``)
+KERNEL_OPS = {kind: {c: k.op for c, k in choices.items()} for kind, choices in qparams.KERNELS.items()}
 #: the converter's defaults (``Options``): the finest exp grid, GELU's sigmoid/Phi bits, LayerNorm's p
 MIN_X0, GELU_BITS, LN_P = 1024, 15, 30
 
@@ -184,32 +180,22 @@ def run_softmax(op: str, x: np.ndarray, s: float, yt, bits: int, min_x0: int = M
     return y.astype(np.float64) * float(t.scale)
 
 
-#: GELU kernels: (parameters, their attribute names)
-_GELUS = {
-    "ShiftGELU": (qparams.shiftgelu, ("x0", "n", "bits")),
-    "IBertGELU": (qparams.ibert_gelu, ("clip", "coeff", "k")),
-}
-
-
 def run_gelu(op: str, x: np.ndarray, s: float, s_y: float, yt, min_x0: int = MIN_X0,
              bits: int = GELU_BITS) -> np.ndarray:
     """GELU kernel ``op`` on integers ``x`` of scale ``s``, requantized into ``yt`` at ``s_y``; real units."""
-    params, names = _GELUS[op]
-    gp = params(_type(x, s), Affine(np.float64(s_y), 0, yt), min_x0, bits)
+    kernel = qparams.BY_OP[op]
+    gp = kernel.params(_type(x, s), Affine(np.float64(s_y), 0, yt), min_x0, bits)
     lo, hi = dtype_range(yt)
-    attrs = {k: getattr(gp, k) for k in names}
+    attrs = {k: getattr(gp, k) for k in kernel.attrs}
     xu = _rescale(x, gp.up.m, 0, gp.up.a)
     y = OPS[op].run(xu, gp.multiplier, gp.shift, yt(0), **attrs, qmin=lo, qmax=hi)
     return y.astype(np.float64) * s_y
 
 
-_LAYERNORMS = {"ILayerNorm": qparams.layernorm, "L1LayerNorm": qparams.l1_layernorm}
-
-
 def run_layernorm(op: str, x: np.ndarray, s: float, gamma, beta, s_y: float, yt, p: int = LN_P) -> np.ndarray:
     """LayerNorm kernel ``op`` on rows ``x`` of scale ``s``, gamma/beta folded, into ``yt`` at ``s_y``."""
     a, t = _type(x, s), Affine(np.float64(s_y), 0, yt)
-    lp = _LAYERNORMS[op](a, x.shape[-1], np.asarray(gamma), np.asarray(beta), t, p)
+    lp = qparams.BY_OP[op].params(a, x.shape[-1], np.asarray(gamma), np.asarray(beta), t, p)
     if lp.pre is not None:
         b, c = qparams.requantize(a, lp.pre)
         lo, hi = lp.pre.qrange

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .attach_functions import AttachFunctions
+from .expand_norms import ExpandNorms
 from .finalize import Finalize
 from .fold_constants import FoldConstants
 from .fuse_gelu import FuseGelu
@@ -13,12 +14,20 @@ from .normalize import Normalize
 
 #: the converter's passes, in order (``Pipeline.default()`` instantiates them)
 PASSES = (
-    FoldConstants, Normalize, FuseGelu, FuseLayerNorm, FuseSoftmax, LowerInteger, AttachFunctions, Finalize
+    FoldConstants,
+    Normalize,
+    ExpandNorms,
+    FuseGelu,
+    FuseLayerNorm,
+    FuseSoftmax,
+    LowerInteger,
+    AttachFunctions,
+    Finalize,
 )
 
 
 def default_passes():
-    """fold_constants → normalize → fuse_gelu → fuse_layernorm → fuse_softmax → lower_integer →
+    """fold_constants → normalize → expand_norms → fuse_gelu → fuse_layernorm → fuse_softmax → lower_integer →
     attach_functions → finalize."""
     return [p() for p in PASSES]
 

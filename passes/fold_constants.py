@@ -168,13 +168,14 @@ class FoldConstants(Pass):
         level = gs.logger.G_LOGGER.severity
         gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
         ort.set_default_logger_severity(3)  # the sessions it evaluates with warn about their own rewrites
+        fold = dict(fold_shapes=True, size_threshold=SIZE_LIMIT, should_exclude_node=_kept)
         try:  # the graph is in topological order (as imported, or sorted after each change)
-            g.fold_constants(
-                fold_shapes=True,
-                partitioning="basic",  # a subgraph onnxruntime cannot evaluate leaves the others folded
-                size_threshold=SIZE_LIMIT,
-                should_exclude_node=_kept,
-            )
+            try:  # every folded value in one onnxruntime session: linear in the graph's size
+                g.fold_constants(partitioning=None, error_ok=False, **fold)
+            except Exception:  # noqa: BLE001 - a subgraph onnxruntime cannot evaluate: fold the others apart
+                # (onnx-graphsurgeon then copies the constant subgraph once per output node: quadratic, so
+                # only where the one session failed)
+                g.fold_constants(partitioning="basic", **fold)
             g.cleanup()  # folding removes nodes only: the order stays topological
         finally:
             gs.logger.G_LOGGER.severity = level

@@ -9,6 +9,7 @@ DequantizeLinear, and reports them.
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -20,7 +21,7 @@ from ivit_onnx.pipeline import Context, Pass
 from .fuse_gelu import unfuse
 from .pattern import match
 from .rules import RULES, Lowerer, Outcome, token_mask
-from .rules.lowerer import macs
+from .rules.lowerer import MAC_OPS, macs
 
 
 def _is_float(t: gs.Tensor) -> bool:
@@ -42,27 +43,86 @@ def _lower(lw: Lowerer, node: gs.Node) -> Outcome | str:
         return one_line(e)
 
 
-def _shape_hint(g: gs.Graph, nodes: list[gs.Node]) -> str:
-    """Advice when an island is computed from the shape of an input with symbolic dimensions (Hugging Face's
-    masks and views): fixing the shapes lets ``fold_constants`` turn that subgraph into constants."""
+#: the words of a rule's decline when it needs a dimension the graph does not state ("the channel count is
+#: unknown"): static input shapes may give it one
+UNKNOWN_DIMENSION = "unknown"
+
+
+def _shape_hint(g: gs.Graph, nodes: list[gs.Node], reasons: list[str]) -> str:
+    """Advice when fixing the input shapes would remove islands: those computed from the shapes of inputs
+    with symbolic dimensions alone (Hugging Face's masks and views), which ``fold_constants`` then turns into
+    constants, and those whose rule declined for an unknown dimension. Islands that read data for any other
+    reason (a float op on activations) get no such advice: fixing shapes would not remove them."""
     shown = {t.name: [str(d) if isinstance(d, int) else "?" for d in t.shape or []] for t in g.inputs}
     symbolic = {k: v for k, v in shown.items() if "?" in v}
-    if not symbolic or not any(_reads_a_shape(n) for n in nodes):
+    if not symbolic:
+        return ""
+    memo: dict[str, bool | None] = {}
+    fixable = [n for n, why in zip(nodes, reasons, strict=True)
+               if UNKNOWN_DIMENSION in why or _from_shapes(n, memo)]
+    if not fixable:
         return ""
     dims = ", ".join(f"{k}: [{','.join(v)}]" for k, v in symbolic.items())
-    return f"they depend on symbolic input shapes ({dims}): fix them with --shape NAME=D0,D1,... or "
+    return (
+        f"{len(fixable)} of them depend on symbolic input shapes ({dims}): fix those with "
+        "--shape NAME=D0,D1,...; "
+    )
 
 
-def _reads_a_shape(node: gs.Node, limit: int = 64) -> bool:
-    """A ``Shape`` node is among the first ``limit`` ancestors of ``node``."""
-    todo, seen = [node], set()
-    while todo and len(seen) < limit:
-        n = todo.pop()
-        if n.op == "Shape":
-            return True
-        seen.add(id(n))
-        todo += [t.inputs[0] for t in n.inputs if t.inputs and id(t.inputs[0]) not in seen]
-    return False
+def _from_shapes(node: gs.Node, memo: dict[str, bool | None]) -> bool:
+    """``node`` computes from constants and ``Shape`` outputs alone, with at least one ``Shape`` among them
+    (so static input shapes make it a constant); no graph input or activation reaches it otherwise."""
+    found = False
+    for t in node.inputs:
+        got = _tensor_from_shapes(t, memo)
+        if got is None:
+            return False
+        found |= got
+    return found
+
+
+def _tensor_from_shapes(t: gs.Tensor, memo: dict[str, bool | None]) -> bool | None:
+    """For :func:`_from_shapes`: None when ``t`` depends on data, else whether a ``Shape`` is among its
+    sources. Iterative (no recursion limit on long chains), memoized per tensor."""
+    todo = [t]
+    while todo:
+        cur = todo[-1]
+        if cur.name in memo:
+            todo.pop()
+            continue
+        if isinstance(cur, gs.Constant) or not cur.name:
+            memo[cur.name] = False
+            todo.pop()
+            continue
+        if not cur.inputs:  # a graph input read as data
+            memo[cur.name] = None
+            todo.pop()
+            continue
+        producer = cur.inputs[0]
+        if producer.op in ("Shape", "Size"):
+            memo[cur.name] = True
+            todo.pop()
+            continue
+        pending = [i for i in producer.inputs if i.name not in memo]
+        if pending:
+            todo += pending
+            continue
+        results = [memo[i.name] for i in producer.inputs]
+        memo[cur.name] = None if any(r is None for r in results) else any(results)
+        todo.pop()
+    return memo[t.name]
+
+
+def _island_message(reasons: dict[str, str], nodes: list[gs.Node], hint: str, shown: int = 4) -> str:
+    """Strict mode's one line: every island counted by op (most first), the first few with their reasons."""
+    by_op = Counter(n.op for n in nodes).most_common()
+    groups = ", ".join(f"{op} ×{k}" for op, k in by_op)
+    first = "; ".join(f"{k}: {v}" for k, v in list(reasons.items())[:shown])
+    more = f"; ... ({len(reasons) - shown} more)" if len(reasons) > shown else ""
+    return (
+        f"{len(reasons)} node(s) have no integer rule that applies (float islands: {groups}): {first}{more}; "
+        f"{hint}rerun with --allow-float to keep them as DQ → float → Q (the report lists every island)"
+    )
 
 
 class LowerInteger(Pass):
@@ -89,7 +149,7 @@ class LowerInteger(Pass):
             ):
                 islands[node_label(node)] = outcome
                 island_nodes.append(node)
-                float_macs += macs(node) if node.op in ("MatMul", "Gemm", "Conv") else 0
+                float_macs += macs(node) if node.op in MAC_OPS else 0
                 gelus += [node] if node.op == "Gelu" and ctx.opset < 20 else []
             for i, t in enumerate(node.inputs):
                 if lw.get(t) is not None:
@@ -100,11 +160,8 @@ class LowerInteger(Pass):
         fused = ctx.notes.get("declined", {})  # a fusion's reason explains the island it leaves
         reasons = {k: v + (f" ({fused[k]})" if k in fused else "") for k, v in islands.items()}
         if islands and not ctx.options.allow_float:
-            names = "; ".join(f"{k}: {v}" for k, v in list(reasons.items())[:8]) + " ..." * (len(islands) > 8)
-            raise ConversionError(
-                f"{len(islands)} node(s) have no integer rule that applies (float islands): {names}; "
-                f"{_shape_hint(g, island_nodes)}rerun with --allow-float to keep them as DQ → float → Q"
-            )
+            hint = _shape_hint(g, island_nodes, [reasons[node_label(n)] for n in island_nodes])
+            raise ConversionError(_island_message(reasons, island_nodes, hint))
         ctx.notes["float_islands"] = list(islands)
         ctx.notes["float_island_reasons"] = reasons
         integer = ctx.notes.get("integer_macs", 0)

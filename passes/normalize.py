@@ -38,6 +38,49 @@ REFUSED = {
 }
 
 
+def _same_type_cast(node: gs.Node) -> bool:
+    """A Cast to the type its input already has (Hugging Face's ``pixel_values.to(dtype)`` before the input
+    quantize): the identity, removed like Identity so no float op is left in front of the input quantize."""
+    if node.op != "Cast" or not node.inputs or node.inputs[0].dtype is None:
+        return False
+    to = onnx.helper.tensor_dtype_to_np_dtype(node.attrs.get("to", 0)) if node.attrs.get("to") else None
+    return to is not None and np.dtype(node.inputs[0].dtype) == np.dtype(to)
+
+
+def _scalar_params(node: gs.Node, scalars: dict[str, gs.Constant]) -> bool:
+    """A one-element 1-D scale and zero point (NNCF writes ``[1]``) become scalars (``scalars``: those made,
+    by name), the same per-tensor quantization: onnxruntime fuses an ``--allow-float`` island's DQ → op → Q
+    into QLinear ops that need scalars ("Scale and Zero-point must be a scalar")."""
+    changed = False
+    for i in (1, 2):
+        t = node.inputs[i] if len(node.inputs) > i else None
+        v = const_array(t) if t is not None and t.name else None
+        if v is not None and v.size == 1 and v.ndim > 0:
+            if t.name not in scalars:  # one scalar per shared parameter
+                scalars[t.name] = gs.Constant(f"{t.name}_scalar", v.reshape(()).copy())
+            node.inputs[i] = scalars[t.name]
+            changed = True
+    if changed:
+        node.attrs.pop("axis", None)
+    return changed
+
+
+def _infinite_scale(node: gs.Node, where: str, name: str, scale: np.ndarray) -> str:
+    """The refusal of a non-finite scale, with its cause and what to do: the quantizer calibrated a tensor
+    holding inf or NaN (MPNet's relative-position buckets take log(0) = -inf), so the fake-quant model itself
+    computes NaN there; the fix is to leave the op that makes that tensor unquantized."""
+    src = node.inputs[0].inputs[0] if node.inputs and node.inputs[0].inputs else None
+    op = src if src is not None and src.op != "QuantizeLinear" else None
+    culprit = f"{node_label(op)}, which makes tensor '{node.inputs[0].name}'" if op else f"tensor '{name}'"
+    exclude = f"'{op.name}'" if op is not None and op.name else "that node"
+    return (
+        f"{where}: scale '{name}' is not finite ({scale.ravel()[:4]}): the quantizer calibrated it on values "
+        f"that include inf or NaN (a -inf mask fill, log(0) in position buckets) from {culprit}, so the "
+        f"fake-quant model computes NaN there; quantize again with {exclude} excluded (onnxruntime "
+        "quantize_static: nodes_to_exclude; NNCF: ignored_scope)"
+    )
+
+
 def _type_form(dt: np.dtype | None, dequantize: bool = False) -> str | None:
     """Why a Q/DQ element type cannot be read (None when it can; DequantizeLinear also reads int32 biases)."""
     if dt is None or dt in _INT_TYPES or (dequantize and dt == np.dtype(np.int32)):
@@ -135,13 +178,15 @@ class Normalize(Pass):
         if changed:
             g.cleanup().toposort()
         for node in list(g.nodes):
-            if node.op in ("Identity", "Dropout") and node.outputs:
+            if (node.op in ("Identity", "Dropout") or _same_type_cast(node)) and node.outputs:
                 self._bypass(ctx, node)
                 changed = True
+        scalars: dict[str, gs.Constant] = {}
         for node in g.nodes:
             if node.op in _QDQ:
                 changed |= self._explicit_zero_point(ctx, node)
                 self._check_params(node)
+                changed |= _scalar_params(node, scalars)
         for node in list(g.nodes):
             if node.op == "QuantizeLinear" and const_array(node.inputs[0]) is not None:
                 self._fold_quantize(ctx, node)
@@ -223,7 +268,7 @@ class Normalize(Pass):
         if node.op == "QuantizeLinear":
             _refuse_quantized_mask(node, scale)
         if not np.all(np.isfinite(scale)):
-            raise ConversionError(f"{where}: scale '{name}' is not finite ({scale.ravel()[:4]})")
+            raise ConversionError(_infinite_scale(node, where, name, scale))
         if np.any(scale <= 0):
             raise ConversionError(f"{where}: scale '{name}' must be positive, got {scale.ravel().min():g}")
         if len(node.inputs) > 2 and node.inputs[2].name and const_array(node.inputs[2]) is None:
@@ -244,7 +289,8 @@ class Normalize(Pass):
 
     def _bypass(self, ctx: Context, node: gs.Node) -> None:
         if node.outputs[0] not in ctx.graph.outputs:
-            self._replace(ctx, node, node.inputs[0], f"{node.op} removed")
+            what = "Cast to the same type removed" if node.op == "Cast" else f"{node.op} removed"
+            self._replace(ctx, node, node.inputs[0], what)
 
     def _replace(self, ctx: Context, node: gs.Node, new: gs.Tensor, what: str = "Constant folded") -> None:
         """Every reader of ``node``'s output reads ``new``; the node is left for cleanup; counted."""

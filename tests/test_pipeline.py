@@ -21,6 +21,7 @@ def test_default_order():
     assert Pipeline.default().names == [
         "fold_constants",
         "normalize",
+        "expand_norms",
         "fuse_gelu",
         "fuse_layernorm",
         "fuse_softmax",
@@ -54,3 +55,33 @@ def test_requirements_are_checked():
     p.remove("normalize")
     with pytest.raises(Exception, match="requires"):
         rewrite(_attention_like(), pipeline=p)
+
+
+def test_one_table_of_kernel_choices():
+    """``qparams.KERNELS`` is the only place a ``--softmax/--gelu/--layernorm`` choice maps to its op: the
+    options, the rules' emitters, the approximation tables and the torch QAT kernels are views of it."""
+    import ast
+    from pathlib import Path
+
+    from ivit_onnx import qparams
+    from ivit_onnx.opset import OPS
+    from ivit_onnx.opset.approx import KERNEL_OPS
+    from ivit_onnx.passes.rules import nonlinear
+    from ivit_onnx.pipeline import KERNELS
+
+    assert KERNELS == {kind: tuple(choices) for kind, choices in qparams.KERNELS.items()}
+    assert KERNEL_OPS == {kind: {c: k.op for c, k in ch.items()} for kind, ch in qparams.KERNELS.items()}
+    for kind, emitters in (("softmax", nonlinear.SOFTMAX), ("gelu", nonlinear.GELU),
+                           ("layernorm", nonlinear.LAYERNORM)):
+        assert set(emitters) == set(qparams.KERNELS[kind])
+    for kernel in qparams.BY_OP.values():
+        assert kernel.op in OPS and set(kernel.attrs) <= set(OPS[kernel.op].attributes)
+    # no other module spells a choice next to its op (the restatements this table replaced)
+    root = Path(__file__).parents[1]
+    for path in [*root.glob("passes/**/*.py"), *root.glob("opset/*.py"), *root.glob("models/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                pairs = {(getattr(k, "value", None), getattr(v, "value", None))
+                         for k, v in zip(node.keys, node.values, strict=True)}
+                table = {(c, k.op) for ch in qparams.KERNELS.values() for c, k in ch.items()}
+                assert not pairs & table, f"{path}: restates the kernel table {pairs & table}"

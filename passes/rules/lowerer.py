@@ -29,9 +29,17 @@ class Outcome(enum.Enum):
     KEPT = "kept"  #: stays as is (integer already, or rewired to integer inputs)
 
 
+#: ops whose multiply-accumulates the report counts (integer or left float)
+MAC_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
+
+
 def macs(node: gs.Node) -> int:
-    """Multiply-accumulates of a MatMul/Gemm/Conv, integer or left float (K from the weight's shape)."""
+    """Multiply-accumulates of a MatMul/Gemm/Conv/ConvTranspose, integer or left float (K from the weight's
+    shape; a ConvTranspose spreads each input element over ``C_out/group x kernel`` outputs)."""
     w, a = node.inputs[1].shape or [], node.inputs[0].shape or []
+    if node.op == "ConvTranspose":
+        dims = [d for d in [*a, *w[1:]] if isinstance(d, int) and d > 0]
+        return int(np.prod(dims)) if len(dims) == len(a) + len(w) - 1 else 0
     if node.op == "Conv":
         k = int(np.prod(w[1:]))
     elif node.op == "Gemm":
@@ -243,7 +251,10 @@ class Lowerer:
         # DequantizeLinear writes its scale's type; other than float32 only from opset 19 (else a Cast after)
         sdt = fdt if self.ctx.opset >= 19 else np.dtype(np.float32)
         deq = out if sdt == fdt else gs.Variable(self.fresh("dequant_f32"), dtype=sdt)
-        inputs = [it, self.const(scale.astype(sdt).reshape(zp.shape), "scale"), self.const(zp, "zp")]
+        # scalars stay 0-d (``const`` would make them 1-d): onnxruntime fuses an island's DQ → op → Q into
+        # QLinear ops that take scalar scales and zero points only
+        scale = scale.astype(sdt).reshape(zp.shape)
+        inputs = [it, *(gs.Constant(self.fresh(k), v.copy()) for k, v in (("scale", scale), ("zp", zp)))]
         self.g.nodes.append(
             gs.Node("DequantizeLinear", name=self.fresh("dequant"), attrs=attrs, inputs=inputs, outputs=[deq])
         )

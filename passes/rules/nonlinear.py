@@ -1,8 +1,8 @@
 """Softmax / Gelu / LayerNormalization → Shiftmax / ShiftGELU / ILayerNorm from the input's own scale.
 
-The kernel is ``Options.softmax`` / ``gelu`` / ``layernorm`` (:data:`ivit_onnx.pipeline.KERNELS`: I-ViT's by
-default, the paper's ablation alternatives on request); each rule keeps one emitter per choice. Each writes
-its output directly in the type of the QuantizeLinear that follows it where that is exact
+The kernel is ``Options.softmax`` / ``gelu`` / ``layernorm`` (:data:`ivit_onnx.qparams.KERNELS`: I-ViT's by
+default, the paper's ablation alternatives on request); each rule builds its emitters from that table.
+Each writes its output directly in the type of the QuantizeLinear that follows it where that is exact
 (Shiftmax: a power-of-two scale; ShiftGELU/ILayerNorm requantize inside), else in a default type that
 the following QuantizeLinear requantizes.
 """
@@ -86,7 +86,10 @@ def _poly_softmax(op: str):
 
 #: Softmax kernels by ``Options.softmax``: ``(lw, node, input, per-tensor type, row length)``
 #: (``ibert``: I-BERT's polynomial exp, ``lis``: FQ-ViT's Log-Int-Softmax; the paper's Table 2)
-SOFTMAX = {"shiftmax": _shiftmax, **{k: _poly_softmax(op) for k, op in qparams.POLY_SOFTMAX.items()}}
+SOFTMAX = {
+    c: _shiftmax if k.params is qparams.shiftmax else _poly_softmax(k.op)
+    for c, k in qparams.KERNELS["softmax"].items()
+}
 
 
 class Softmax(Rule):
@@ -106,20 +109,21 @@ class Softmax(Rule):
         return _variant(lw, m.root, "softmax", SOFTMAX)(lw, m.root, it, a, row)
 
 
-def _shiftgelu(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
-    gp = qparams.shiftgelu(a, lw.target(node.outputs[0]), lw.opt.min_x0, lw.opt.gelu_bits, lw.dyadic)
-    inputs = [_upscale(lw, it, a, gp.up), lw.const(gp.multiplier, "mult"), lw.const(gp.shift, "shift")]
-    return _emit(lw, node, "ShiftGELU", inputs, gp.t, x0=gp.x0, n=gp.n, bits=gp.bits)
+def _gelu(kernel: qparams.Kernel):
+    """The emitter of a GELU kernel (ShiftGELU, IBertGELU): the exact upscale, then the op, requantized
+    inside."""
 
+    def emit(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
+        target = lw.target(node.outputs[0])
+        gp = kernel.params(a, target, lw.opt.min_x0, lw.opt.gelu_bits, lw.dyadic)
+        inputs = [_upscale(lw, it, a, gp.up), lw.const(gp.multiplier, "mult"), lw.const(gp.shift, "shift")]
+        return _emit(lw, node, kernel.op, inputs, gp.t, **{k: getattr(gp, k) for k in kernel.attrs})
 
-def _ibert_gelu(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
-    gp = qparams.ibert_gelu(a, lw.target(node.outputs[0]), lw.opt.min_x0, lw.opt.gelu_bits, lw.dyadic)
-    inputs = [_upscale(lw, it, a, gp.up), lw.const(gp.multiplier, "mult"), lw.const(gp.shift, "shift")]
-    return _emit(lw, node, "IBertGELU", inputs, gp.t, clip=gp.clip, coeff=gp.coeff, k=gp.k)
+    return emit
 
 
 #: GELU kernels by ``Options.gelu``: ``(lw, node, input, symmetric per-tensor type)``
-GELU = {"shiftgelu": _shiftgelu, "ibert": _ibert_gelu}
+GELU = {c: _gelu(k) for c, k in qparams.KERNELS["gelu"].items()}
 
 
 class Gelu(Rule):
@@ -136,26 +140,23 @@ class Gelu(Rule):
         return _variant(lw, m.root, "gelu", GELU)(lw, m.root, it, a)
 
 
-def _layernorm(op: str, params):
-    """The emitter of a LayerNorm kernel ``op`` whose parameters come from ``params`` (``qparams.layernorm``'s
-    signature): an optional narrowing Requantize, then the op with gamma and beta folded."""
+def _layernorm(kernel: qparams.Kernel):
+    """The emitter of a LayerNorm kernel (ILayerNorm, L1LayerNorm): an optional narrowing Requantize, then
+    the op with gamma and beta folded."""
 
     def emit(lw: Lowerer, node: gs.Node, it, a: Affine, gamma, beta) -> Outcome:
         c_len, target = _last_dim(node.inputs[0]), lw.target(node.outputs[0])
-        lp = params(a, c_len, gamma, beta, target, lw.opt.ln_fraction_bits, lw.dyadic)
+        lp = kernel.params(a, c_len, gamma, beta, target, lw.opt.ln_fraction_bits, lw.dyadic)
         if lp.pre is not None:
             it = lw.requantize(it, a, lp.pre, "ln_in")
         inputs = [it, lw.const(lp.multiplier, "mult"), lw.const(lp.shift, "shift"), lw.const(lp.bias, "bias")]
-        return _emit(lw, node, op, inputs, lp.t, shift_in=lp.shift_in, p=lp.p)
+        return _emit(lw, node, kernel.op, inputs, lp.t, **{k: getattr(lp, k) for k in kernel.attrs})
 
     return emit
 
 
 #: LayerNorm kernels by ``Options.layernorm``: ``(lw, node, input, type, gamma, beta or None)``
-LAYERNORM = {
-    "ilayernorm": _layernorm("ILayerNorm", qparams.layernorm),
-    "l1": _layernorm("L1LayerNorm", qparams.l1_layernorm),
-}
+LAYERNORM = {c: _layernorm(k) for c, k in qparams.KERNELS["layernorm"].items()}
 
 
 class LayerNorm(Rule):

@@ -76,3 +76,26 @@ def test_shared_weights_get_copies_so_the_exact_kernels_load():
     sess = ort.InferenceSession(compiled.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     a = np.full((2, 8), 255, np.uint8)
     assert all((y == 255 * 127 * 8).all() for y in sess.run(None, {"a": a}))
+
+
+def test_converted_model_with_shared_weights_loads_where_the_self_check_turns_on_exact_kernels(monkeypatch):
+    """ALBERT shares its layers' weights: the converter's own output (not only the compiled artifact) must
+    load in a plain session with the library where the self-check adds ``session.x64quantprecision=1``
+    (x86 without VNNI; forced here on any CPU), and give the function bodies' bits."""
+    from tests.graphs import G, run
+
+    g = G()
+    h = g.qdq(g.input("x", ["N", 4, 16]), 0.05)
+    w = g.weight(np.random.default_rng(0).standard_normal((16, 16)), axis=1)
+    for _ in range(2):  # one weight, two GEMMs
+        h = g.qdq(g.node("MatMul", [h, w]), 0.2)
+    g.output(h)
+    out, report = ivit_onnx.rewrite(g.model())
+    assert report.counts["finalize"]["shared GEMM weight copied"] == 1
+    monkeypatch.setenv("IVIT_GEMM_PROBE_FAULT", "saturate")  # as on an AVX2 CPU, whatever this one is
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(ort_library.native_library())
+    assert opts.get_session_config_entry("session.x64quantprecision") == "1"
+    sess = ort.InferenceSession(out.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((2, 4, 16)).astype(np.float32) * 3
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], run(out, {"x": x})[0])

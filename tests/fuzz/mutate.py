@@ -346,6 +346,16 @@ class Tally:
             self.problems.append(f"{command} left temporary files {leftovers}: {o.what}")
 
 
+    def certify(self, path: Path, what: str) -> None:
+        """A strict rewrite and the integer-only certificate agree: what strict mode wrote is certified."""
+        from ivit_onnx.certify import float_offenders
+
+        self.kinds["rewrite strict: certified"] += 1
+        bad = float_offenders(onnx.load(str(path)))
+        if bad:
+            self.problems.append(f"strict rewrite wrote a model the certificate rejects ({bad[0]}): {what}")
+
+
 def run_cli(argv: list[str], what: str) -> Outcome:
     """``ivit-onnx`` in-process with stdout/stderr captured; an exception escaping ``main`` is exit -1."""
     err, out = io.StringIO(), io.StringIO()
@@ -393,7 +403,10 @@ def fuzz(
                 argv = ["compile", str(src), "-o", str(outs[0]), "-q"]
             else:
                 argv = ["validate", str(src), "--samples", "2", "--batch", "2", "--json", str(out)]
-            tally.add(run_cli(argv, what), command, outs, folder)
+            outcome = run_cli(argv, what)
+            tally.add(outcome, command, outs, folder)
+            if command == "rewrite" and outcome.code == 0 and "--allow-float" not in argv and out.exists():
+                tally.certify(out, what)
             for p in (*outs, Path(str(out) + ".data")):
                 if p.exists():
                     os.unlink(p)

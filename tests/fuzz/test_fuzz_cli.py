@@ -37,3 +37,4 @@ def test_mutations_end_cleanly(seeds, tmp_path):
     assert not tally.problems, "\n".join(tally.problems[:20])
     # the mutations reach every outcome: successes, clean errors and failed validate checks
     assert tally.kinds["rewrite: ok"] and tally.kinds["rewrite: exit 2"] and tally.kinds["validate: exit 1"]
+    assert tally.kinds["rewrite strict: certified"]  # strict outputs certified (problems name a failure)

@@ -99,3 +99,12 @@ def test_declines_with_the_reason(case, op, reason):
         y = g.node("Reshape", [g.input("f", [2, 6, 16]), g.const([2, 96], np.int64)])
     g.output(g.qdq(y, 0.05))
     declines(g.model(), op, reason)
+
+
+@pytest.mark.parametrize("op", ["Dropout", "Identity"])
+def test_inference_identities_are_exact(op):
+    g = G()
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.03, 4)
+    g.output(g.qdq(g.node(op, [x]), 0.03, 4))
+    out, _ = lowered(g.model(), {"x": X}, 1e-6)
+    assert op not in op_counts(out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ivit_onnx import rewrite
 from tests.graphs import G, op_counts
 from tests.passes._rules import X, declines, lowered
 
@@ -34,6 +35,23 @@ def test_layernorm_is_ilayernorm_within_two_output_steps():
     g.output(g.qdq(g.node("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=1e-5), 0.03))
     out, _ = lowered(g.model(), {"x": X}, 2 * 0.03 + 1e-6)
     assert op_counts(out).get("ai.ivit:ILayerNorm") == 1
+
+
+def test_layernorm_with_dead_gamma_entries_converts():
+    """Pretrained weights hold dead gamma entries (-5e-33, -2e-37): their multiplier is 0 (the channel is its
+    bias), not a refusal; the output still matches the fake-quant graph within two steps (and the L1
+    ablation kernel converts too)."""
+    g = G()
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.05)
+    gamma = np.linspace(0.5, 1.5, 16)
+    gamma[[3, 11]] = -5e-33, -2.29e-37
+    beta = np.full(16, 0.1)
+    node = g.node("LayerNormalization", [x, g.const(gamma), g.const(beta)], axis=-1, epsilon=1e-5)
+    g.output(g.qdq(node, 0.03))
+    out, _ = lowered(g.model(), {"x": X}, 2 * 0.03 + 1e-6)
+    assert op_counts(out).get("ai.ivit:ILayerNorm") == 1
+    out, _ = rewrite(g.model(), layernorm="l1")
+    assert op_counts(out).get("ai.ivit:L1LayerNorm") == 1
 
 
 def test_gelu_ibert_is_ibertgelu_within_two_output_steps():

@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import numpy_helper
+
+from ivit_onnx.weights import unshare_gemm_weights
 
 from .bias_fold import fold_bias
 from .chain_fold import fold_chains
@@ -75,26 +76,6 @@ def is_artifact(model: onnx.ModelProto) -> bool:
     return _meta(model).get(ENGINE_KEY) == "onnxruntime"
 
 
-def _unshare_weights(model: onnx.ModelProto) -> int:
-    """Give every constant weight read by several MatMulIntegers a copy of its own: onnxruntime 1.31's int8 ->
-    uint8 weight conversion (``session.x64quantprecision``, the exact path without VNNI) fails at session
-    creation on a shared initializer ("Attempt to replace the existing tensor")."""
-    g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    seen: set[str] = set()
-    copies = 0
-    for n in g.node:
-        if n.op_type != "MatMulInteger" or len(n.input) < 2 or n.input[1] not in inits:
-            continue
-        if n.input[1] in seen:
-            name = f"{n.input[1]}__{n.name or n.output[0]}"
-            g.initializer.append(numpy_helper.from_array(numpy_helper.to_array(inits[n.input[1]]), name))
-            n.input[1] = name
-            copies += 1
-        seen.add(n.input[1])
-    return copies
-
-
 def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bool = True,
                   patch: bool = True, chain_fold: bool = True, keep=frozenset()) -> Compiled:
     """Apply the rewrites to a copy of ``model`` (an integer model as converted); ``keep`` names intermediates
@@ -115,7 +96,7 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["bias_fold"] = fold_bias(out, keep=set(keep))
     if chain_fold:
         out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
-    counts["unshared_weights"] = _unshare_weights(out)
+    counts["unshared_weights"] = unshare_gemm_weights(out)
     _drop_unused_initializers(out.graph)
     meta = {**_meta(out), ENGINE_KEY: "onnxruntime", GEMMS_KEY: "uint8" if u8_gemm else "int8",
             COUNTS_KEY: json.dumps(counts, sort_keys=True)}
