@@ -65,6 +65,7 @@ def test_clamps_into_the_input_type_are_one_exact_requantize(op, extra, same_typ
         ("Celu", (), {"alpha": 1.3}),
         ("Erf", (), {}),
         ("Mish", (), {}),
+        ("ThresholdedRelu", (), {"alpha": 0.5}),
         ("Tanh", (), {}),
         ("Sigmoid", (), {}),
     ],
