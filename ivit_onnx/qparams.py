@@ -315,6 +315,50 @@ def _layernorm(
     return LayerNormParams(pre, shift_in, p, b, c, bias, t)
 
 
+@dataclass(frozen=True)
+class L2NormParams:
+    pre: Affine | None  #: a narrower type to requantize the input to first (too wide for an exact sum)
+    zero_point: int  #: the input's zero point (of ``pre`` when there is one)
+    shift_in: int
+    eps: int
+    p: int
+    multiplier: np.ndarray
+    shift: np.ndarray
+    t: Affine
+
+
+#: IL2Norm's default output type when no QuantizeLinear follows: int16 at 2**-15 (``|y| <= 1``)
+L2NORM_DEFAULT_BITS = 15
+
+
+def l2norm(
+    a: Affine, c_len: int, eps: float, target: Affine | None, p: int, dy: Dyadic = plain_dyadic
+) -> L2NormParams:
+    """IL2Norm over rows of ``c_len`` of the per-tensor type ``a``: ``x / max(||x||, eps)``.
+
+    ``shift_in`` is the widest (at most 16) with ``C * (bound * 2**shift_in)**2 < 2**62`` (a wider input is
+    first requantized down by a power of two: the result is scale-free); ``eps`` in units of ``d``,
+    ``max(1, ceil(eps * 2**shift_in / s))``; ``b/2**c ~ 1/(2**p s_y)`` into ``target`` (per tensor) or int16
+    at ``2**-15``.
+    """
+
+    def room(bound: int) -> int:  # C * (bound * 2**s)**2 < 2**(bits(C) + 2 bits(bound) + 2 s) <= 2**62
+        return 62 - c_len.bit_length() - 2 * max(bound, 1).bit_length()
+
+    pre, zp, s, bound = None, a.zero_point, float(a.scale.reshape(-1)[0]), a.bound
+    if room(bound) < 0:
+        k = (-room(bound) + 1) // 2 + 1
+        pre = Affine(a.scale * 2.0**k, 0, np.int32, bound=(bound >> k) + 1)
+        zp, s, bound = 0, s * 2.0**k, pre.bound
+    shift_in = max(0, min(room(bound) // 2, 16))
+    eps_int = min(max(1, math.ceil(eps * 2.0**shift_in / s)), 2**62 - 1)
+    t = target if target is not None and target.per_tensor else None
+    t = t or Affine(np.float64(2.0**-L2NORM_DEFAULT_BITS), 0, np.int16)
+    mult = np.asarray(1.0 / (2.0**p * float(t.scale.reshape(-1)[0])))
+    b, c = dy(mult, multiplier_bits(1 << p), "L2 norm multiplier")
+    return L2NormParams(pre, zp, shift_in, eps_int, p, np.asarray(b), np.asarray(c), t)
+
+
 # ---- the Softmax ablation (the paper's Table 2): I-BERT's polynomial exp, FQ-ViT's Log-Int-Softmax --------
 
 #: I-BERT's exp polynomial on (-ln2, 0]: L(p) = A (p + B)**2 + C (Kim et al. 2021, Sec. 3.4)

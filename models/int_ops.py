@@ -166,6 +166,15 @@ def l1layernorm(
     return _normalized_out(d, l1, multiplier, shift, bias, y_zero_point, p, qmin, qmax)
 
 
+def il2norm(
+    x, x_zero_point, multiplier, shift, y_zero_point, *, shift_in: int, eps: int, p: int, qmin: int, qmax: int
+) -> Tensor:
+    """``x / max(||x||, eps)`` over the last axis, the zero point removed (opset ``IL2Norm``)."""
+    d = (i64(x) - i64(x_zero_point)) * (1 << shift_in)
+    r = torch.clamp(isqrt(torch.clamp(_row_sum(d * d), min=1)), min=eps)
+    return _normalized_out(d, r, multiplier, shift, 0, y_zero_point, p, qmin, qmax)
+
+
 def ibertgelu(
     x, multiplier, shift, y_zero_point, *, clip: int, coeff: int, k: int, qmin: int, qmax: int
 ) -> Tensor:
@@ -190,6 +199,7 @@ KERNELS = {
     "L1LayerNorm": l1layernorm,
     "IBertSoftmax": ibert_softmax,
     "LogIntSoftmax": log_int_softmax,
+    "IL2Norm": il2norm,
 }
 
 

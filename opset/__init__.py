@@ -11,6 +11,7 @@ from . import (
     iadd,
     ibert_softmax,
     ibertgelu,
+    il2norm,
     ilayernorm,
     l1layernorm,
     log_int_softmax,
@@ -33,6 +34,7 @@ OPS: dict[str, OpSpec] = {
         log_int_softmax,
         ibertgelu,
         l1layernorm,
+        il2norm,  # #27: cosine attention's F.normalize
     )
 }
 

@@ -29,6 +29,7 @@ _ARGS = {  # kernel -> argument kinds: p pointer, i int64, c dtype code / thread
     "ivit_l1layernorm": "pciipppiiiiiipcc",
     "ivit_ibert_softmax": "pciiiiiiiipcc",
     "ivit_log_int_softmax": "pciiiiiiiiipcc",
+    "ivit_il2norm": "pciippiiiiiiiipcc",
 }
 #: how many calls each op made natively and through the numpy reference (``"Op/native"``, ``"Op/numpy"``)
 STATS: Counter = Counter()
@@ -241,6 +242,25 @@ def l1layernorm(x, multiplier, shift, bias, y_zero_point, **attrs):
     return _layernorm("L1LayerNorm", "ivit_l1layernorm", x, multiplier, shift, bias, y_zero_point, **attrs)
 
 
+def il2norm(x, x_zero_point, multiplier, shift, y_zero_point, *, shift_in: int, eps: int, p: int, qmin: int,
+            qmax: int):
+    got, zx, zy = _prep(x, y_zero_point, x_zero_point), _scalar(x_zero_point), _scalar(y_zero_point)
+    if not got or zx is None or zy is None or got[0].ndim == 0 or not 0 <= shift_in <= 62 or not 0 <= p <= 61:
+        return None
+    if not 1 <= eps < 2**62:
+        return None
+    x, zyt = got
+    length = x.shape[-1]
+    ch = _channels(x.shape, multiplier, shift)
+    if not ch or not _shifts_ok(ch[3][1]) or (ch[1] != 1 and ch[2] != 1):  # per tensor or last axis
+        return None
+    _, nc, _, (b, c) = ch
+    y = np.empty(x.shape, zyt.dtype)
+    _call("IL2Norm", "ivit_il2norm", _ptr(x), _CODES[x.dtype], x.size // length, length, _ptr(b), _ptr(c), nc,
+          zx, zy, shift_in, eps, p, qmin, qmax, _ptr(y), _CODES[y.dtype], _threads)
+    return y
+
+
 def ibertgelu(x, multiplier, shift, y_zero_point, *, clip: int, coeff: int, k: int, qmin: int, qmax: int):
     args = (x, multiplier, shift, y_zero_point, qmin, qmax)
     return _gelu("IBertGELU", "ivit_ibertgelu", 0 <= k <= 62, *args, clip, coeff, k)
@@ -278,7 +298,7 @@ def log_int_softmax(x, y_zero_point, *, x0: int, qb: int, qc: int, n: int, bits:
 #: op_type -> native wrapper (same arguments as the reference; ``None`` means "use the reference")
 KERNELS = {"Requantize": requantize, "IAdd": iadd, "Shiftmax": shiftmax, "ShiftGELU": shiftgelu,
            "ILayerNorm": ilayernorm, "IBertGELU": ibertgelu, "L1LayerNorm": l1layernorm,
-           "IBertSoftmax": ibert_softmax, "LogIntSoftmax": log_int_softmax}
+           "IBertSoftmax": ibert_softmax, "LogIntSoftmax": log_int_softmax, "IL2Norm": il2norm}
 
 
 def run(op: str, reference, *inputs, **attrs) -> np.ndarray:

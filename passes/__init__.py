@@ -7,6 +7,7 @@ from .expand_norms import ExpandNorms
 from .finalize import Finalize
 from .fold_constants import FoldConstants
 from .fuse_gelu import FuseGelu
+from .fuse_l2norm import FuseL2Norm
 from .fuse_layernorm import FuseLayerNorm
 from .fuse_softmax import FuseSoftmax
 from .lower_integer import LowerInteger
@@ -19,6 +20,7 @@ PASSES = (
     ExpandNorms,
     FuseGelu,
     FuseLayerNorm,
+    FuseL2Norm,
     FuseSoftmax,
     LowerInteger,
     AttachFunctions,
@@ -27,8 +29,8 @@ PASSES = (
 
 
 def default_passes():
-    """fold_constants → normalize → expand_norms → fuse_gelu → fuse_layernorm → fuse_softmax → lower_integer →
-    attach_functions → finalize."""
+    """fold_constants → normalize → expand_norms → fuse_gelu → fuse_layernorm → fuse_l2norm → fuse_softmax →
+    lower_integer → attach_functions → finalize."""
     return [p() for p in PASSES]
 
 

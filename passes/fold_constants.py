@@ -10,8 +10,12 @@ integer rules need them as numbers (a LayerNorm's channel count, a mask's values
    broadcasts to anyway is read unexpanded; adding an all-zero constant is no change;
 4. folds every subgraph of constants and static shapes with onnx-graphsurgeon's ``fold_constants``
    (onnxruntime evaluates it), Q/DQ nodes excluded so quantized values stay integers for ``normalize``;
+5. folds what is constant *through* Q/DQ (Swinv2's position-bias MLP over a constant table, shape arithmetic
+   a quantizer put Q/DQ on), evaluated as the fake-quant model does (Q/DQ simulated in float); a weight's
+   integers → DequantizeLinear, through layout ops only, stay as they are, and a final Q→DQ pair of a folded
+   value stays so that ``normalize`` makes it a quantized constant with its scale;
 
-and repeats 2-4 until nothing changes.
+and repeats 2-5 until nothing changes.
 """
 
 from __future__ import annotations
@@ -22,17 +26,26 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
 from ivit_onnx.errors import ConversionError, one_line
-from ivit_onnx.graph import const_array, producer, replace_uses
+from ivit_onnx.graph import const_array, is_qdq_pair, producer, replace_uses
 from ivit_onnx.io import skeleton
+from ivit_onnx.models.runtime import ort_session
 from ivit_onnx.pipeline import Context, Pass
 
 from .normalize import REFUSED
+from .rules.layout import PASS_THROUGH
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 #: elementwise ops with numpy broadcasting whose constant operands can be read unexpanded
 _BROADCASTING = ("Add", "Sub", "Mul", "Div", "Where", "Equal", "Less", "Greater", "And", "Or", "Not", "Cast")
 #: folded constants larger than this stay computed at run time (bytes)
 SIZE_LIMIT = 16 << 20
+#: ops that only move or select a constant's elements: a quantized weight read through them stays integers
+_LAYOUT = (*PASS_THROUGH, "Cast", "Concat", "QuantizeLinear", "DequantizeLinear", "Constant")
+#: ops whose value is not a function of their inputs
+_NONDETERMINISTIC = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli",
+                     "Multinomial")
+#: GEMM inputs that must stay a quantized weight (a folded float weight would leave the GEMM float)
+_WEIGHT_SLOTS = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1}
 ROUNDS = 6
 
 
@@ -187,7 +200,7 @@ class FoldConstants(Pass):
         folded = before - len(g.nodes)
         if folded > 0:
             ctx.count(self.name, "nodes folded", folded)
-        return max(folded, 0)
+        return max(folded, 0) + _fold_through_qdq(ctx)
 
 
 def shape_value(t: gs.Tensor) -> list | None:
@@ -256,6 +269,115 @@ def _rejoin(g: gs.Graph, made: dict[str, dict]) -> None:
         joined = True
     if joined:
         g.cleanup()  # each Shape already came before its Slice's readers
+
+
+def _evaluable(node: gs.Node) -> bool:
+    """A standard op whose output is a function of its inputs' values (no subgraph, no randomness)."""
+    return (
+        node.domain in (None, "", "ai.onnx")
+        and node.op not in REFUSED
+        and node.op not in _NONDETERMINISTIC
+        and not any(isinstance(v, gs.Graph) for v in node.attrs.values())
+    )
+
+
+def _constant_tensors(g: gs.Graph) -> set[str]:
+    """Names of the tensors computed from constants only (Q/DQ included), in the graph's topological order."""
+    const = {name for name, t in g.tensors().items() if isinstance(t, gs.Constant)}
+    for node in g.nodes:
+        if _evaluable(node) and all(not x.name or x.name in const for x in node.inputs):
+            const.update(t.name for t in node.outputs if t.name)
+    return const
+
+
+def _cone(t: gs.Tensor, const: set[str]) -> list[gs.Node]:
+    """The nodes that compute constant tensor ``t``."""
+    seen, stack, out = set(), [t], []
+    while stack:
+        p = producer(stack.pop())
+        if p is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        out.append(p)
+        stack.extend(x for x in p.inputs if x.name in const)
+    return out
+
+
+def _fold_target(t: gs.Tensor, const: set[str]) -> gs.Tensor | None:
+    """What to fold for a constant tensor ``t`` read by a non-constant node: ``t`` itself, or the input of a
+    final QuantizeLinear→DequantizeLinear pair (kept: the reader sees a quantized constant and its scale);
+    None when nothing is computed there (a weight's integers through DequantizeLinear and layout ops), when
+    no Q/DQ is inside (step 4 folds those, or left them for their size) or when the value is too large."""
+    dq = producer(t)
+    if dq is not None and dq.op == "DequantizeLinear":
+        q = producer(dq.inputs[0])
+        if q is not None and q.op == "QuantizeLinear":
+            t = q.inputs[0]
+    cone = _cone(t, const)
+    if not cone or all(n.op in _LAYOUT for n in cone) or not any(n.op in _QDQ for n in cone):
+        return None
+    static = t.shape is not None and all(isinstance(d, int) for d in t.shape) and t.dtype is not None
+    if static and int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize > SIZE_LIMIT:
+        return None
+    return t
+
+
+def _fold_through_qdq(ctx: Context) -> int:
+    """Fold the constant subgraphs with Q/DQ inside (step 5): each where it meets a non-constant reader.
+    Returns the number of nodes removed."""
+    g = ctx.graph
+    const = _constant_tensors(g)
+    outputs = {t.name for t in g.outputs}
+    targets: dict[str, gs.Tensor] = {}
+    for node in g.nodes:
+        if all(x.name in const for x in node.outputs):
+            continue  # itself constant: folded with its readers
+        for i, x in enumerate(node.inputs):
+            if x.name not in const or isinstance(x, gs.Constant) or x.dtype is None:
+                continue
+            if _WEIGHT_SLOTS.get(node.op) == i and not is_qdq_pair(x):
+                continue  # a float weight would leave the GEMM float: its integers stay
+            t = _fold_target(x, const)
+            if t is not None and t.dtype is not None and t.name not in outputs:
+                targets[t.name] = t
+    if not targets:
+        return 0
+    values = _evaluate(ctx, list(targets))
+    if values is None:
+        return 0
+    before = len(g.nodes)
+    for name, value in zip(targets, values, strict=True):
+        if value.nbytes > SIZE_LIMIT:
+            continue
+        t = targets[name]
+        t.to_constant(np.asarray(value))
+        t.inputs.clear()
+    g.cleanup().toposort()
+    folded = before - len(g.nodes)
+    if folded > 0:
+        ctx.count("fold_constants", "nodes folded through Q/DQ", folded)
+    return max(folded, 0)
+
+
+def _evaluate(ctx: Context, names: list[str]) -> list[np.ndarray] | None:
+    """The values of constant tensors ``names``, as the fake-quant model computes them (Q/DQ in float); None
+    (and a note for the report) when onnxruntime cannot evaluate them: the nodes then stay."""
+    sub = ctx.graph.copy()
+    tensors = sub.tensors()
+    sub.inputs, sub.outputs = [], [tensors[n] for n in names]
+    sub.cleanup()
+    model = gs.export_onnx(sub, do_type_check=False)
+    model.ir_version = ctx.ir_version
+    del model.opset_import[:]
+    model.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in sorted(ctx.opset_imports.items()))
+    for o in model.graph.output:  # the shapes recorded may be symbolic: the values say
+        o.type.tensor_type.ClearField("shape")
+    try:
+        return [np.asarray(v) for v in ort_session(model).run(names, {})]
+    except Exception as e:  # noqa: BLE001 - onnxruntime's errors have no common type
+        why = f"fold_constants: constant subgraph of '{names[0]}' not evaluated ({one_line(e)})"
+        ctx.notes.setdefault("declined", {})["fold_constants/qdq"] = why
+        return None
 
 
 def _kept(node: gs.Node) -> bool:

@@ -144,10 +144,19 @@ def _refuse_quantized_mask(node: gs.Node, scale: np.ndarray) -> None:
     fill, what = _mask_fill(t), "the attention mask"
     if fill is not None:
         broken = not np.all(np.isfinite(scale))  # a mask quantized alone is harmless where its values fit
-    elif t.inputs and t.inputs[0].op in ("Add", "Sub"):
-        fills = [f for f in (_mask_fill(x) for x in t.inputs[0].inputs) if f is not None]
-        fill, what = (fills[0] if fills else None), "the attention scores plus the mask"
-        broken = fill is not None and float(np.max(scale)) * 255 >= abs(fill) / 2
+    elif t.inputs and t.inputs[0].op in ("Add", "Sub", "Where"):
+        p = t.inputs[0]
+        if p.op == "Where":  # DeBERTa-v2: Where(Not(mask), finfo.min, scores), the fill a Where operand
+            consts = [c for c in map(dequantized_const, p.inputs[1:3]) if c is not None and c.size == 1]
+            masked = _mask_fill(p.inputs[0]) is not None and consts
+            fill = max((float(c.reshape(())) for c in consts), key=abs) if masked else None
+            what = "the attention scores masked by a Where"
+        else:
+            fills = [f for f in (_mask_fill(x) for x in p.inputs) if f is not None]
+            fill, what = (fills[0] if fills else None), "the attention scores plus the mask"
+        # a fill dequantized from a constant can round past float32's range to -inf; the range still covers it
+        reach = min(abs(fill), float(np.finfo(np.float32).max)) if fill is not None else None
+        broken = fill is not None and float(np.max(scale)) * 255 >= reach / 2
     if fill is None or abs(fill) < _FILL or not broken:
         return
     raise ConversionError(

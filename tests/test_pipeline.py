@@ -24,6 +24,7 @@ def test_default_order():
         "expand_norms",
         "fuse_gelu",
         "fuse_layernorm",
+        "fuse_l2norm",
         "fuse_softmax",
         "lower_integer",
         "attach_functions",

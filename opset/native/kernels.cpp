@@ -616,18 +616,19 @@ void shiftmax_rows(i64 rows, i64 len, i64 span, i64 x0, i64 n, i64 bits, i64 zy,
   });
 }
 
-// A LayerNorm over rows of `len` (b, c, bias per channel of the last axis, or one value when nc == 1): d centred,
-// u = floor(d * floor(2**61 / root(max(sum(norm(d)), 1))) / 2**(61 - p)), then the per-channel rescale.
-template <class Norm, class Root>
+// A LayerNorm over rows of `len` (b, c, bias per channel of the last axis, or one value when nc == 1): d centred
+// on mean(row, sum(row), scale), u = floor(d * floor(2**61 / root(max(sum(norm(d)), 1))) / 2**(61 - p)), then
+// the per-channel rescale (bias null: 0). IL2Norm is one with the zero point for the mean and no bias.
+template <class Norm, class Root, class Mean>
 int layernorm_rows(const void* x, int ti, i64 rows, i64 len, const i64* b, const i64* c, const i64* bias, i64 nc,
                    i64 zy, i64 shift_in, i64 p, i64 qmin, i64 qmax, void* y, int to, int threads, Norm norm,
-                   Root root) {
+                   Root root, Mean mean) {
   std::vector<i64> bb(len), cc(len), biases(len);  // per channel, whatever nc
   for (i64 j = 0; j < len; ++j) {
     const i64 k = nc == 1 ? 0 : j;
     bb[j] = b[k];
     cc[j] = c[k];
-    biases[j] = bias[k];
+    biases[j] = bias ? bias[k] : 0;
   }
   const std::vector<i64> half = halves(cc.data(), len);
   const Rescale rs{zy, qmin, qmax};
@@ -639,15 +640,23 @@ int layernorm_rows(const void* x, int ti, i64 rows, i64 len, const i64* b, const
       std::vector<i64> d(len);
       for (i64 r = lo; r < hi; ++r) {
         const TI* xr = as<TI>(x) + r * len;
-        i64 sum = 0;
-        for (i64 j = 0; j < len; ++j) sum += xr[j];
-        const i64 v = std::max<i64>(centre(xr, d.data(), len, scale, floor_div(sum * scale, len), norm), 1);
+        const i64 v = std::max<i64>(centre(xr, d.data(), len, scale, mean(xr, len, scale), norm), 1);
         layernorm_out(d.data(), static_cast<TO*>(y) + r * len, len, floor_div(i64(1) << 61, root(v)), ush, bb.data(),
                       biases.data(), half.data(), cc.data(), rs);
       }
     });
   }) ? 0 : 1;
 }
+
+// floor(sum(row) * scale / len): the centring of ILayerNorm and L1LayerNorm
+struct RowMean {
+  template <class TI>
+  i64 operator()(const TI* xr, i64 len, i64 scale) const {
+    i64 sum = 0;
+    for (i64 j = 0; j < len; ++j) sum += xr[j];
+    return floor_div(sum * scale, len);
+  }
+};
 
 // ---- IBertSoftmax and LogIntSoftmax: I-BERT's polynomial exp (poly_exp.h), then each op's output per row
 
@@ -866,14 +875,22 @@ int ivit_shiftgelu(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i6
 int ivit_ilayernorm(const void* x, int ti, i64 rows, i64 len, const i64* b, const i64* c, const i64* bias,
                     i64 nc, i64 zy, i64 shift_in, i64 p, i64 qmin, i64 qmax, void* y, int to, int threads) {
   return layernorm_rows(x, ti, rows, len, b, c, bias, nc, zy, shift_in, p, qmin, qmax, y, to, threads, Square{},
-                        [](i64 v) { return isqrt(v); });
+                        [](i64 v) { return isqrt(v); }, RowMean{});
 }
 
 // L1LayerNorm: the L1 norm of the centred row itself
 int ivit_l1layernorm(const void* x, int ti, i64 rows, i64 len, const i64* b, const i64* c, const i64* bias,
                      i64 nc, i64 zy, i64 shift_in, i64 p, i64 qmin, i64 qmax, void* y, int to, int threads) {
   return layernorm_rows(x, ti, rows, len, b, c, bias, nc, zy, shift_in, p, qmin, qmax, y, to, threads, Abs{},
-                        [](i64 v) { return v; });
+                        [](i64 v) { return v; }, RowMean{});
+}
+
+// IL2Norm: d = (x - zx) * 2**shift_in, the norm max(isqrt(max(sum(d*d), 1)), eps), no bias
+int ivit_il2norm(const void* x, int ti, i64 rows, i64 len, const i64* b, const i64* c, i64 nc, i64 zx, i64 zy,
+                 i64 shift_in, i64 eps, i64 p, i64 qmin, i64 qmax, void* y, int to, int threads) {
+  return layernorm_rows(x, ti, rows, len, b, c, nullptr, nc, zy, shift_in, p, qmin, qmax, y, to, threads, Square{},
+                        [eps](i64 v) { return std::max<i64>(isqrt(v), eps); },
+                        [zx](const auto*, i64, i64 scale) { return zx * scale; });
 }
 
 // IBertGELU: y = clip(round_shift(x * g(x) * b[ch], c[ch]) + zy, qmin, qmax) with g = IBertErf (intmath.h): no

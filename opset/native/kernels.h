@@ -28,6 +28,10 @@ int ivit_shiftgelu(const void* x, int ti, int64_t outer, int64_t nc, int64_t inn
 int ivit_ilayernorm(const void* x, int ti, int64_t rows, int64_t len, const int64_t* b, const int64_t* c,
                     const int64_t* bias, int64_t nc, int64_t zy, int64_t shift_in, int64_t p, int64_t qmin,
                     int64_t qmax, void* y, int to, int threads);
+// IL2Norm (#27: cosine attention's F.normalize); b, c per tensor (nc == 1) or per channel of the last axis
+int ivit_il2norm(const void* x, int ti, int64_t rows, int64_t len, const int64_t* b, const int64_t* c, int64_t nc,
+                 int64_t zx, int64_t zy, int64_t shift_in, int64_t eps, int64_t p, int64_t qmin, int64_t qmax,
+                 void* y, int to, int threads);
 // the ablation's alternatives (paper Table 2): I-BERT's i-GELU, Fully-8bit's L1 LayerNorm
 int ivit_ibertgelu(const void* x, int ti, int64_t outer, int64_t nc, int64_t inner, const int64_t* b, const int64_t* c,
                    int64_t zy, int64_t clip, int64_t coeff, int64_t k, int64_t qmin, int64_t qmax, void* y, int to,

@@ -61,6 +61,7 @@ enum Port { INT, I64, OUT, TABLE_OUT, TABLE_I32 };
 enum Op {
   REQUANTIZE, IADD, SHIFTMAX, SHIFTGELU, ILAYERNORM, REQUANTIZE_TABLE, REQUANTIZE_SHIFTMAX,
   IBERT_SOFTMAX, LOG_INT_SOFTMAX, IBERTGELU, L1LAYERNORM,  // the paper's ablation alternatives (Table 2)
+  IL2NORM,
 };
 
 struct OpDef {
@@ -89,6 +90,7 @@ const OpDef OPS[] = {
     {OPSET, "L1LayerNorm", L1LAYERNORM, {INT, I64, I64, I64, OUT}, {"shift_in", "p", "qmin", "qmax"}},
     {OPSET, "IBertSoftmax", IBERT_SOFTMAX, {INT, OUT}, {"x0", "qb", "qc", "n", "bits"}},
     {OPSET, "LogIntSoftmax", LOG_INT_SOFTMAX, {INT, OUT}, {"x0", "qb", "qc", "n", "bits", "log_bits"}},
+    {OPSET, "IL2Norm", IL2NORM, {INT, INT, I64, I64, OUT}, {"shift_in", "eps", "p", "qmin", "qmax"}},
 };
 constexpr int N_OPS = sizeof(OPS) / sizeof(OPS[0]);
 
@@ -429,6 +431,39 @@ void l1layernorm(Call& c) {
   layernorm(c, ivit_l1layernorm, [](i64 d) { return d < 0 ? -d : d; }, [](i64 v) { return v; });
 }
 
+// IL2Norm (inputs x, x_zero_point, multiplier, shift, y_zero_point): the fused kernel where the call fits it, else
+// row by row over x (d = (x - zx) * 2**shift_in, u = d * floor(2**61 / max(isqrt(max(sum(d*d), 1)), eps)) scaled to
+// 2**p), then the rescale over the broadcast shape
+void il2norm(Call& c) {
+  const Tensor& x = c.in[0];
+  fail_if(x.shape.empty(), "x must have at least one axis (the op works along the last one)");
+  fail_if(!c.scalar(1), "x_zero_point must be a scalar");
+  const i64 shift_in = c.a(0), eps = c.a(1), p = c.a(2), qmin = c.a(3), qmax = c.a(4), zx = c.in[1].at(0);
+  const i64 len = x.shape.back(), rows = len ? x.size / len : 0;
+  Channels ch;
+  if (c.full(0) && c.scalar(4) && channels(c.out, {&c.in[2], &c.in[3]}, ch) &&
+      (ch.axis == -1 || ch.axis == static_cast<int>(c.out.size()) - 1) && shifts_ok(ch.values[1])) {
+    ivit_il2norm(x.data, c.code(0), rows, len, ch.values[0].data(), ch.values[1].data(), ch.nc, zx, c.in[4].at(0),
+                 shift_in, eps, p, qmin, qmax, c.y, kernel_code(c.y_elem), 0);
+    return;
+  }
+  std::vector<i64> u(x.size), d(len);
+  const i64 scale = ivit::shl(1, shift_in);
+  for (i64 r = 0; r < rows; ++r) {
+    i64 acc = 0;
+    for (i64 j = 0; j < len; ++j) {
+      d[j] = (x.at(r * len + j) - zx) * scale;
+      acc += d[j] * d[j];
+    }
+    const i64 f = ivit::floor_div(i64(1) << 61, std::max<i64>(ivit::isqrt(std::max<i64>(acc, 1)), eps));
+    for (i64 j = 0; j < len; ++j) u[r * len + j] = ivit::shr(d[j] * f, 61 - p);
+  }
+  const auto uv = expand(view(u, x.shape), c.out), b = expand(c.in[2], c.out);
+  std::vector<i64> t(uv.size());
+  for (size_t i = 0; i < t.size(); ++i) t[i] = uv[i] * b[i];
+  saturate_all(c, t, expand(c.in[3], c.out), expand(c.in[4], c.out), qmin, qmax);
+}
+
 void ibertgelu(Call& c) {
   const i64 clip = c.a(0), coeff = c.a(1), k = c.a(2);
   const ivit::IBertErf erf(clip, coeff, k);
@@ -489,6 +524,7 @@ void run_op(Call& c) {
     case L1LAYERNORM: return l1layernorm(c);
     case IBERT_SOFTMAX: return ibert_softmax(c);
     case LOG_INT_SOFTMAX: return log_int_softmax(c);
+    case IL2NORM: return il2norm(c);
   }
 }
 
@@ -585,6 +621,7 @@ void check_attrs(const Kernel& k) {
     case SHIFTGELU: need(0, 1, i64(1) << 52), need(1, 0, 62), need(2, 0, 62); break;
     case ILAYERNORM: need(0, 0, 62), need(1, 0, 61); break;
     case L1LAYERNORM: need(0, 0, 62), need(1, 0, 61); break;
+    case IL2NORM: need(0, 0, 62), need(1, 1, (i64(1) << 62) - 1), need(2, 0, 61); break;
     case IBERTGELU: need(0, 0, (i64(1) << 31) - 1), need(1, 0, (i64(1) << 62) - 1), need(2, 0, 62); break;
     case LOG_INT_SOFTMAX: need(5, 1, 5); [[fallthrough]];
     case IBERT_SOFTMAX: {

@@ -4,8 +4,10 @@ self-registers); ``RULES`` maps every op type a rule's pattern names to that rul
 from __future__ import annotations
 
 from . import (
+    batchnorm,
     chain,
     elementwise,
+    l2norm,
     layout,
     linear,
     lookup,
@@ -17,6 +19,8 @@ from . import (
     pool,
     product,
     qdq,
+    resize,
+    select,
     token_mask,
     unary,
 )
@@ -41,7 +45,13 @@ LOWERING = (
     layout.PassThrough(),
     pool.ReduceMeanRule(),  # #11 (Swin)
     pad.PadRule(),  # #11 (Swin)
+    batchnorm.BatchNorm(),  # #27 (LeViT, BatchNorm after a Conv or Linear)
+    select.OrderSelection(),  # #27 (ReduceMax/Min, GlobalMaxPool, TopK)
+    resize.Resize(),  # #27 (nearest; linear/cubic with dyadic weights)
+    select.Scatter(),  # #27 (ScatterND, ScatterElements)
+    pool.AveragePoolRule(),  # #27
     lookup.TableLookup(),  # #22 (BERT's pooler Tanh)
+    l2norm.L2Norm(),  # #27 (Swinv2's cosine attention, F.normalize)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
 # Tried before the table's rule for their op: token masks (two-valued floats of the int64 mask input),

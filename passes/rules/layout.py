@@ -27,7 +27,13 @@ PASS_THROUGH = (
     "Identity",
     "Dropout",
     "MaxPool",
+    "GatherElements",  # #27: ViTMAE's token un-shuffle
+    "ReverseSequence",
+    "DepthToSpace",
+    "SpaceToDepth",
 )
+#: pass-through ops that onnxruntime runs on 8-bit integers only
+_EIGHT_BIT_ONLY = ("MaxPool", "DepthToSpace", "SpaceToDepth")
 
 
 def _transpose(lw: Lowerer, node: gs.Node, it, a: Affine) -> Outcome:
@@ -55,7 +61,13 @@ class PassThrough(Rule):
     pattern = Op(PASS_THROUGH)
 
     def check(self, lw, m):
-        return lw.missing(m.root.inputs[0], const_ok=True)
+        why = lw.missing(m.root.inputs[0], const_ok=True)
+        got = lw.get(m.root.inputs[0])
+        if why is None and m.root.op in _EIGHT_BIT_ONLY and got is not None:
+            a = got[1] if got[1].per_tensor else qparams.per_tensor(got[1])
+            if a.dtype.itemsize != 1:
+                return f"onnxruntime runs {m.root.op} on 8-bit integers only (input is {a.dtype.name})"
+        return why
 
     def rewrite(self, lw, m):
         node = m.root

@@ -1,8 +1,10 @@
-"""ReduceMean / GlobalAveragePool (Swin's final average pool) in integers: an int32 ReduceSum, the 1/N folded
-into the scale.
+"""ReduceMean / GlobalAveragePool (Swin's final average pool) / AveragePool in integers: an int32 sum, the 1/N
+folded into the scale.
 
 ``mean = sum(q - zp) * s / N`` exactly, so the sum of the centred integers carries the type
-``(s / N, 0, int32)``; the QuantizeLinear after it requantizes once (one rounding, as everywhere).
+``(s / N, 0, int32)``; the QuantizeLinear after it requantizes once (one rounding, as everywhere). An
+AveragePool's window sums are a depthwise ConvInteger with a kernel of ones (it pads with the zero point,
+i.e. with real zeros: exact for ``count_include_pad=1`` or no padding, where every window divides by N).
 """
 
 from __future__ import annotations
@@ -71,4 +73,47 @@ class ReduceMeanRule(Rule):
         out = lw.node("ReduceSum", inputs, np.int32, "sum", attrs=attrs, shape=node.outputs[0].shape)
         lw.set(node.outputs[0], out, Affine(a.scale / n, 0, np.int32, bound=n * a.bound))
         lw.ctx.count("lower_integer", f"{node.op} → ReduceSum (int32)")
+        return Outcome.HANDLED
+
+
+def _window(lw: Lowerer, node) -> int | str:
+    """The elements each AveragePool window averages (one N for every window), or why there is none."""
+    got, shape = lw.get(node.inputs[0]), node.inputs[0].shape
+    if got is None:
+        return "input is not quantized"
+    if not got[1].per_tensor or got[1].dtype.itemsize != 1:
+        return f"input is not 8-bit per tensor ({got[1].describe()})"
+    if shape is None or len(shape) < 3 or not isinstance(shape[1], int):
+        return "channel count not known at conversion time"
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    padded = any(node.attrs.get("pads", [])) or auto_pad not in ("NOTSET", "VALID")
+    if padded and not node.attrs.get("count_include_pad", 0):
+        return "padded windows average fewer elements at the edges (count_include_pad=0): N is not constant"
+    if node.attrs.get("ceil_mode", 0):
+        return "ceil_mode: the last windows average fewer elements"
+    return int(np.prod(node.attrs["kernel_shape"]))
+
+
+class AveragePoolRule(Rule):
+    """``AveragePool(x)`` → depthwise ``ConvInteger(x, ones)`` (int32 window sums) typed ``s/N``."""
+
+    pattern = Op("AveragePool")
+
+    def check(self, lw: Lowerer, m) -> str | None:
+        n = _window(lw, m.root)
+        return n if isinstance(n, str) else None
+
+    def rewrite(self, lw: Lowerer, m) -> Outcome:
+        node = m.root
+        n, (it, a) = _window(lw, node), lw.get(node.inputs[0])
+        k, channels = list(node.attrs["kernel_shape"]), node.inputs[0].shape[1]
+        ones = lw.const(np.ones([channels, 1, *k], np.int8), "ones")
+        keep = ("auto_pad", "dilations", "kernel_shape", "pads", "strides")
+        attrs = {key: v for key, v in node.attrs.items() if key in keep}
+        attrs["group"] = channels
+        out = lw.node("ConvInteger", [it, ones, lw.zp(a.zero_point, a.dtype, "x_zp")], np.int32, "window_sum",
+                      attrs=attrs, shape=node.outputs[0].shape)
+        lw.set(node.outputs[0], out, Affine(a.scale / n, 0, np.int32, bound=n * a.bound))
+        lw.ctx.count("lower_integer", "AveragePool → ConvInteger window sums (int32)")
         return Outcome.HANDLED

@@ -6,8 +6,8 @@ one where it is 0, so it needs no scale: these rules carry it as a :class:`TwoVa
 laid out like the float tensor, and the two float values, computed here in float32 as the float graph
 computes them) and emit only the layout ops on the integer mask. The float nodes stay in place and are
 dropped when nothing float reads them; the consumers that turn a two-valued mask into integers are the
-attention mask (:class:`TokenMaskedAdd`, through ``mask.masked_scores``) and the masked mean pooling
-(``masked_pool.py``).
+attention mask (:class:`TokenMaskedAdd`, :class:`TokenMaskedWhere`, through ``mask.masked_scores``) and the
+masked mean pooling (``masked_pool.py``).
 Precondition (Hugging Face's convention): every mask entry is 0 or 1.
 """
 
@@ -59,10 +59,14 @@ def _record(lw, t: gs.Tensor, value: TwoValued) -> Outcome:
     return Outcome.KEPT  # the float node stays; cleanup drops it unless a float island still reads it
 
 
-def _from_graph_input(lw, t: gs.Tensor) -> bool:
-    """``t`` is an integer graph input, or layout ops of one (the only sources taken for a 0/1 mask)."""
+def _from_graph_input(lw, t: gs.Tensor, depth: int = 0) -> bool:
+    """``t`` is an integer graph input, layout ops of one, or the product (``Mul``, ``And``) of two such
+    (DeBERTa-v2's query-by-key mask ``m[:, None, :, None] * m[:, None, None, :]``: 0/1 too); the only sources
+    taken for a 0/1 mask."""
     while t not in lw.g.inputs:
         p = producer(t)
+        if p is not None and p.op in ("Mul", "And") and depth < 8:
+            return all(_from_graph_input(lw, x, depth + 1) for x in p.inputs[:2])
         if p is None or p.op not in LAYOUT:
             return False
         t = p.inputs[0]
@@ -249,4 +253,59 @@ class TokenMaskedAdd(Rule):
         return Outcome.HANDLED
 
 
-RULES = (MaskCast(), MaskLayout(), MaskArith(), MaskWhere(), MaskAnd(), TokenMaskedAdd())
+def _where_parts(lw, node: gs.Node):
+    """``(scores, fill, masked_value)`` of ``Where(token mask, fill, scores)`` (or with the branches swapped)
+    with a scalar constant fill and integer scores: the fill is taken where the condition equals
+    ``masked_value``; else ``(None, None, None)``."""
+    cond, a, b = node.inputs[:3]
+    for scores, fill, picks_fill in ((b, a, True), (a, b, False)):
+        if lw.get(scores) is not None and _scalar(lw, fill) is not None:
+            return scores, _scalar(lw, fill), picks_fill
+    return None, None, None
+
+
+class TokenMaskedWhere(Rule):
+    """``Softmax(Where(token mask, fill, scores))`` (DeBERTa-v2's ``Where(Not(mask), finfo.min, scores)``)
+    with a fill at or below ``-T`` (``mask.threshold``: below every unmasked score by more than the float
+    probability needs to round to 0): the same integer Where as :class:`TokenMaskedAdd`, so masked entries
+    are exactly 0. Every sequence must keep one token."""
+
+    pattern = Op("Where", Var("c"))
+    label = "attention mask from the input (Where)"
+
+    def check(self, lw, m):
+        src = lookup(lw, m.c)
+        if src is None:
+            return "condition is not a token mask"
+        scores, fill, picks_fill = _where_parts(lw, m.root)
+        if scores is None:
+            return "not a scalar constant fill and integer scores"
+        if bool(src.on) == bool(src.off):
+            return "the condition does not depend on the mask"
+        softmax = softmax_after(m.root.outputs[0])
+        if softmax is None:
+            return "the masked scores do not reach a last-axis Softmax through reshapes"
+        a = _symmetric_int32(lw.get(scores)[1])
+        try:
+            _, _, bits = fill_type(a, *softmax_context(lw, softmax))
+        except MaskError as e:
+            return str(e)
+        if float(fill) > -threshold(a, bits):
+            return f"fill value {fill:g} does not mask the softmax (above {-threshold(a, bits):.3g})"
+        return None
+
+    def rewrite(self, lw, m):
+        src = lookup(lw, m.c)
+        scores, _, picks_fill = _where_parts(lw, m.root)
+        # the fill is taken where the condition is true (false when the branches are swapped): at the mask
+        # entries whose condition value says so, 1 (kept) or 0
+        at = 1 if bool(src.on) == picks_fill else 0
+        value = lw.const(np.array(at, src.keep.dtype), "masked_at")
+        masked = lw.node("Equal", [src.keep, value], np.bool_, "masked")
+        out, t = masked_scores(lw, *lw.get(scores), masked, softmax_after(m.root.outputs[0]))
+        out.shape = m.root.outputs[0].shape
+        lw.set(m.root.outputs[0], out, t)
+        return Outcome.HANDLED
+
+
+RULES = (MaskCast(), MaskLayout(), MaskArith(), MaskWhere(), MaskAnd(), TokenMaskedAdd(), TokenMaskedWhere())

@@ -250,6 +250,20 @@ def ilayernorm_params(gamma, beta, s_y: float, max_abs_d: int, qmin: int, qmax: 
     return attrs, np.array(bs, np.int64), np.array(cs, np.int64), np.array(biases, np.int64)
 
 
+def il2norm_params(c_len: int, max_abs_d: int, s_y: float, qmin: int, qmax: int, p: int = 30,
+                   per_channel=None):
+    """``(attrs, multiplier, shift)`` of an IL2Norm into scale ``s_y`` (``/ per_channel`` on the last axis):
+    ``b/2**c ~ 1/(2**p s_y)``, sized so ``2**p |b| + 2**(c-1) < 2**62``; ``shift_in`` as ILayerNorm's
+    (``max_abs_d`` bounds ``|x - zx|``); ``eps`` 1."""
+    m = 1.0 / (2.0**p * s_y) * (1.0 if per_channel is None else 1.0 / np.asarray(per_channel, np.float64))
+    b, c = dyadic_array(np.atleast_1d(m), multiplier_bits(1 << p))
+    if per_channel is None:
+        b, c = b.reshape(()), c.reshape(())
+    assert np.all((np.int64(1) << p) * np.abs(b) + (np.int64(1) << c) // 2 < I62)
+    attrs = {"shift_in": ln_shift_in(c_len, max_abs_d), "eps": 1, "p": p, "qmin": qmin, "qmax": qmax}
+    return attrs, b, c
+
+
 # ------------------------------------------------------------ the ablation's kernels (paper Table 2)
 
 

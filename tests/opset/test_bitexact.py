@@ -25,6 +25,7 @@ from tests.opset.oneop import (
     check_all_ways,
     iadd_params,
     ibertgelu_params,
+    il2norm_params,
     ilayernorm_params,
     info,
     l1_shift_in,
@@ -240,6 +241,29 @@ def l1layernorm_cases(draw, xt=None, yt=None):
     attrs["shift_in"] = draw(st.sampled_from([attrs["shift_in"], wide]))
     return [x, b, c, bias, zy], attrs
 @st.composite
+def il2norm_cases(draw, xt=None, yt=None):
+    """IL2Norm: any input zero point, eps from 1 to above the row's norm, per-tensor or per-channel
+    multipliers, ``shift_in`` at the overflow edge or 0."""
+    shape, xt, kind, rng = draw(shapes), pick(draw, xt), draw(kinds), np.random.default_rng(draw(seeds))
+    lo, hi = info(xt)
+    if xt == np.int32:  # keep C * max|x - zx|**2 < 2**62: the converter knows the accumulator's range
+        k = draw(st.integers(4, 23))
+        lo, hi = -(2**k), 2**k - 1
+    x = make_tensor(rng, shape, xt, kind, lo, hi)
+    zx = draw(st.one_of(st.just(0) if lo <= 0 else st.just(lo), st.integers(lo, hi)))
+    yt = pick(draw, yt)
+    qmin, qmax = out_range(draw, yt)
+    zy = draw(st.integers(qmin, qmax))
+    per_channel = np.exp(rng.uniform(np.log(0.5), np.log(2), shape[-1])) if draw(st.booleans()) else None
+    p = draw(st.sampled_from([30, 30, 0, 16, 45]))
+    attrs, b, c = il2norm_params(shape[-1], hi - lo, log_uniform(draw, 1e-3, 1), qmin, qmax, p, per_channel)
+    attrs["shift_in"] = draw(st.sampled_from([attrs["shift_in"], 0]))
+    k = attrs["shift_in"]
+    attrs["eps"] = draw(st.sampled_from([1, 1, 2**k, 2 ** (k + 20), 2**62 - 1]))
+    return [x, xt(zx), b, c, yt(zy)], attrs
+
+
+@st.composite
 def poly_softmax_cases(draw, op: str, xt=None, yt=None):
     """IBertSoftmax / LogIntSoftmax: Shiftmax's inputs and outputs, I-BERT's exp on the grid ``ln2/s``, ``n``
     at the row's overflow edge or below; LogIntSoftmax with 1..5 level bits (FQ-ViT: 4)."""
@@ -264,6 +288,7 @@ CASES = {
     "L1LayerNorm": l1layernorm_cases(),
     "IBertSoftmax": poly_softmax_cases("IBertSoftmax"),
     "LogIntSoftmax": poly_softmax_cases("LogIntSoftmax"),
+    "IL2Norm": il2norm_cases(),
 }
 
 

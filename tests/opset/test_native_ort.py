@@ -55,6 +55,7 @@ def op_dtype_cases():
         yield "ILayerNorm", (xt, yt), tb.ilayernorm_cases(xt, yt)
         yield "IBertGELU", (xt, yt), tb.ibertgelu_cases(xt, yt)
         yield "L1LayerNorm", (xt, yt), tb.l1layernorm_cases(xt, yt)
+        yield "IL2Norm", (xt, yt), tb.il2norm_cases(xt, yt)
         for op in ("IBertSoftmax", "LogIntSoftmax"):
             yield op, (xt, yt), tb.poly_softmax_cases(op, xt, yt)
     for at, bt, yt in itertools.product(INT_DTYPES, repeat=3):

@@ -14,7 +14,7 @@ from ivit_onnx.opset import DOMAIN, OPS, VERSION
 README = Path(__file__).resolve().parents[2] / "opset" / "README.md"
 MODULES = {"Requantize": "requantize", "IAdd": "iadd", "Shiftmax": "shiftmax", "ShiftGELU": "shiftgelu",
            "ILayerNorm": "ilayernorm", "IBertGELU": "ibertgelu", "L1LayerNorm": "l1layernorm",
-           "IBertSoftmax": "ibert_softmax", "LogIntSoftmax": "log_int_softmax"}
+           "IBertSoftmax": "ibert_softmax", "LogIntSoftmax": "log_int_softmax", "IL2Norm": "il2norm"}
 
 
 def flat(text: str) -> str:

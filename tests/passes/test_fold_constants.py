@@ -11,7 +11,7 @@ from ivit_onnx import ConversionError, Pipeline
 from ivit_onnx.passes.fold_constants import broadcast
 from ivit_onnx.pipeline import Options
 from tests.graphs import G, op_counts
-from tests.passes._rules import X, lowered
+from tests.passes._rules import RNG, X, lowered
 
 
 def _folded(model, **options):
@@ -97,3 +97,58 @@ def test_input_shape_errors_name_the_input(shapes, message):
     with pytest.raises(ConversionError) as e:
         Pipeline.default().run(_swin_like(True), Options(input_shapes=shapes))
     assert str(e.value) == message
+
+
+def _position_bias_mlp(g: G, final_qdq: bool) -> str:
+    """Swinv2's continuous position bias: a small MLP with Q/DQ'd weights and activations over a constant
+    coordinate table, then ``16 * sigmoid(...)`` (quantized once more when ``final_qdq``)."""
+    table = g.const(RNG.uniform(-1, 1, (6, 2)))
+    h = g.qdq(g.node("MatMul", [table, g.weight(RNG.standard_normal((2, 8)), axis=1)]), 0.02)
+    h = g.node("MatMul", [g.node("Relu", [h]), g.weight(RNG.standard_normal((8, 16)) * 0.3, axis=1)])
+    bias = g.node("Mul", [g.node("Sigmoid", [h]), g.const(16.0)])
+    return g.qdq(bias, 16 / 255, 0, np.uint8) if final_qdq else bias
+
+
+@pytest.mark.parametrize("final_qdq", [False, True])
+def test_constant_subgraph_through_qdq_folds_as_the_fake_quant_model_computes_it(final_qdq):
+    """The MLP folds to its fake-quant value; a final Q→DQ pair of it stays (a quantized constant for the
+    Add), the weights of the GEMMs that read activations stay integers. Within one output step (the Add's
+    requantize) of the fake-quant graph, integer-only."""
+    g = G()
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.05)
+    y = g.node("Add", [x, _position_bias_mlp(g, final_qdq)])
+    g.output(g.qdq(g.node("MatMul", [g.qdq(y, 0.1), g.weight(RNG.standard_normal((16, 4)), axis=1)]), 0.2))
+    out, counts = _folded(g.model())
+    ops = op_counts(out)
+    assert counts["nodes folded through Q/DQ"] >= 5
+    assert not {"Relu", "Sigmoid", "Mul"} & set(ops) and ops["MatMul"] == 1
+    assert ops["QuantizeLinear"] == 3 + final_qdq  # x, y, the output (and the kept pair of the bias)
+    assert ops["DequantizeLinear"] == 4 + final_qdq  # the same and the remaining weight
+    lowered(g.model(), {"x": X}, atol=0.2 + 1e-6)
+
+
+def test_weights_through_layout_ops_stay_integers():
+    """A weight's integers → DequantizeLinear → Transpose are not computed: nothing folds there."""
+    g = G()
+    x = g.qdq(g.input("x", [2, 6, 16]), 0.05)
+    w = g.node("Transpose", [g.weight(RNG.standard_normal((4, 16)), axis=0)], perm=[1, 0])
+    g.output(g.qdq(g.node("MatMul", [x, w]), 0.2))
+    out, counts = _folded(g.model())
+    assert "nodes folded through Q/DQ" not in counts and op_counts(out)["Transpose"] == 1
+
+
+def test_shape_arithmetic_through_qdq_folds():
+    """MobileViT's ``ceil(h / p) * p`` with Q/DQ a quantizer put on the float shape arithmetic: with the shape
+    fixed it is a constant Reshape target."""
+    g = G()
+    x = g.qdq(g.input("x", ["N", 6, 16]), 0.05)
+    h = g.node("Cast", [g.node("Shape", [x], start=2, end=3)], to=TensorProto.FLOAT)
+    c = g.node("Ceil", [g.qdq(g.node("Div", [h, g.const(8.0)]), 0.25)])
+    target = g.node("Cast", [g.qdq(g.node("Mul", [c, g.const(8.0)]), 0.25)], to=TensorProto.INT64)
+    target = g.node("Concat", [g.const([-1], np.int64), target], axis=0)
+    g.output(g.qdq(g.node("Reshape", [x, target]), 0.05))
+    out, counts = _folded(g.model(), input_shapes={"x": ["N", 6, 16]})
+    assert counts["nodes folded through Q/DQ"] >= 4 and "Ceil" not in op_counts(out)
+    shapes = [numpy_helper.to_array(t) for t in out.graph.initializer if t.data_type == TensorProto.INT64]
+    assert any(np.array_equal(s, [-1, 16]) for s in shapes), shapes
+    lowered(g.model(), {"x": X}, atol=1e-6)

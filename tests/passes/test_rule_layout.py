@@ -12,7 +12,9 @@ from tests.passes._rules import RNG, X, declines, lowered
 
 
 @pytest.mark.parametrize(
-    "op", ["Reshape", "Transpose", "Slice", "Gather", "Flatten", "Squeeze", "Expand", "Tile"]
+    "op",
+    ["Reshape", "Transpose", "Slice", "Gather", "Flatten", "Squeeze", "Expand", "Tile", "GatherElements",
+     "ReverseSequence"],
 )
 def test_pass_through_ops_are_exact(op):
     g = G()
@@ -26,6 +28,9 @@ def test_pass_through_ops_are_exact(op):
         "Squeeze": ([], {}),
         "Expand": ([g.const([3, 2, 6, 16], np.int64)], {}),
         "Tile": ([g.const([1, 2, 1], np.int64)], {}),
+        # ViTMAE's un-shuffle: tokens gathered back by a permutation along the sequence
+        "GatherElements": ([g.const(np.argsort(RNG.random((2, 6, 16)), axis=1), np.int64)], {"axis": 1}),
+        "ReverseSequence": ([g.const([6, 3], np.int64)], {"batch_axis": 0, "time_axis": 1}),
     }[op]
     src = g.node("Unsqueeze", [x, g.const([0], np.int64)]) if op == "Squeeze" else x
     g.output(g.qdq(g.node(op, [src, *args[0]], **args[1]), 0.03, 4))
@@ -48,6 +53,16 @@ def test_maxpool_runs_on_the_integers():
     g.output(g.qdq(g.node("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2]), 0.03, 7, np.uint8))
     out, _ = lowered(g.model(), {"img": RNG.standard_normal((1, 2, 6, 6)).astype(np.float32)}, 1e-6)
     assert op_counts(out).get("MaxPool") == 1
+
+
+@pytest.mark.parametrize("op, channels", [("DepthToSpace", 8), ("SpaceToDepth", 2)])
+def test_depth_space_rearrangements_are_exact(op, channels):
+    g = G()
+    x = g.qdq(g.input("img", [1, channels, 4, 4]), 0.03, 7, np.uint8)
+    g.output(g.qdq(g.node(op, [x], blocksize=2), 0.03, 7, np.uint8))
+    img = RNG.standard_normal((1, channels, 4, 4)).astype(np.float32)
+    out, _ = lowered(g.model(), {"img": img}, 1e-6)
+    assert op_counts(out).get(op) == 1
 
 
 def test_concat_of_a_token_and_a_sequence_takes_the_next_quantize_type():
@@ -84,6 +99,7 @@ def test_float_cast_is_the_identity_on_the_integers():
         ("concat_operand", "Concat", "input 'y' is not quantized nor a constant"),
         ("cast_int", "Cast", "a Cast of a quantized tensor to a non-float type"),
         ("reshape_float", "Reshape", "input 'f' is not quantized nor a constant"),
+        ("wide", "DepthToSpace", "onnxruntime runs DepthToSpace on 8-bit integers only (input is int32)"),
     ],
 )
 def test_declines_with_the_reason(case, op, reason):
@@ -93,6 +109,10 @@ def test_declines_with_the_reason(case, op, reason):
         y = g.node("Concat", [g.input("a", [2, 6, 16]), g.input("b", [2, 6, 16])], axis=1)
     elif case == "concat_operand":
         y = g.node("Concat", [x, g.input("y", [2, 6, 16])], axis=1)
+    elif case == "wide":  # an int32 accumulator
+        y = g.node("MatMul", [x, g.weight(RNG.standard_normal((16, 16)), axis=1)])
+        y = g.node("DepthToSpace", [g.node("Reshape", [y, g.const([1, 4, 6, 8], np.int64)])], blocksize=2)
+        y = g.node("Reshape", [y, g.const([2, 6, 16], np.int64)])
     elif case == "cast_int":
         y = g.node("Cast", [g.node("Cast", [x], to=TensorProto.INT32)], to=TensorProto.FLOAT)
     else:

@@ -54,3 +54,29 @@ def _decline_graph(case):
 )
 def test_declines_with_the_reason(case, reason):
     declines(_decline_graph(case), "ReduceMean", reason)
+
+
+@pytest.mark.parametrize(
+    "zp, dtype, attrs",
+    [
+        (0, np.int8, {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        (7, np.uint8, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ],
+)
+def test_average_pool_is_a_window_sum_within_one_output_step(zp, dtype, attrs):
+    """Window sums of the centred integers (a depthwise ConvInteger of ones; it pads with the zero point, a
+    real zero), typed ``s/N``: one rounding at the QuantizeLinear."""
+    g = G()
+    x = g.qdq(g.input("img", [1, 2, 6, 6]), 0.03, zp, dtype)
+    g.output(g.qdq(g.node("AveragePool", [x], **attrs), 0.01, zp, dtype))
+    img = np.random.default_rng(3).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    out, report = lowered(g.model(), {"img": img}, 0.01 + 1e-6)
+    assert op_counts(out).get("ConvInteger") == 1 and "AveragePool" not in op_counts(out)
+    assert report.counts["lower_integer"]["AveragePool → ConvInteger window sums (int32)"] == 1
+
+
+def test_average_pool_declines_edge_windows_of_fewer_elements():
+    g = G()
+    x = g.qdq(g.input("img", [1, 2, 6, 6]), 0.03)
+    g.output(g.qdq(g.node("AveragePool", [x], kernel_shape=[3, 3], pads=[1, 1, 1, 1]), 0.01))
+    declines(g.model(), "AveragePool", "count_include_pad=0")

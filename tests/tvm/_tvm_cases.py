@@ -140,6 +140,24 @@ def l1layernorm(rng, shape):
     return [x, b, c, bias, _scalar(rng, yt)], {"shift_in": shift_in, "p": p, **_qrange(yt)}
 
 
+def il2norm(rng, shape):
+    xt, yt = rng.choice(INT_TYPES), rng.choice(INT_TYPES)
+    ch = shape[-1]
+    if xt == np.int32:  # C * max|x - zx|**2 < 2**62: an accumulator's known range
+        x, zx = _tensor(rng, shape, xt, -(2**20), 2**20 - 1), _scalar(rng, xt, -(2**20), 2**20 - 1)
+        xbits = 22
+    else:
+        x, zx = _tensor(rng, shape, xt), _scalar(rng, xt)
+        xbits = _info(xt)[2] + 1
+    x.reshape(-1)[: max(1, x.size // 4)] = zx  # a zero row where the row is short
+    shift_in = int(rng.integers(0, max(0, (61 - ch.bit_length()) // 2 - xbits) + 1))
+    eps = int(rng.choice([1, 1 << shift_in, 2**40, 2**62 - 1]))
+    p = int(rng.integers(0, 40))
+    b = _mult(rng, (ch,) if rng.random() < 0.5 else (), 2 ** (61 - p - 1))
+    c = np.int64(rng.integers(0, 63))
+    return [x, zx, b, c, _scalar(rng, yt)], {"shift_in": shift_in, "eps": eps, "p": p, **_qrange(yt)}
+
+
 def poly_softmax(op: str):
     """IBertSoftmax / LogIntSoftmax: I-BERT's coefficients on grids from 1 to past the converter's, any ``n``
     within the row's overflow bound, Shiftmax's outputs; LogIntSoftmax with 1..5 level bits."""
@@ -160,7 +178,8 @@ def poly_softmax(op: str):
 
 GENERATORS = {"Requantize": requantize, "IAdd": iadd, "Shiftmax": shiftmax, "ShiftGELU": shiftgelu,
               "ILayerNorm": ilayernorm, "IBertGELU": ibertgelu, "L1LayerNorm": l1layernorm,
-              "IBertSoftmax": poly_softmax("IBertSoftmax"), "LogIntSoftmax": poly_softmax("LogIntSoftmax")}
+              "IBertSoftmax": poly_softmax("IBertSoftmax"), "LogIntSoftmax": poly_softmax("LogIntSoftmax"),
+              "IL2Norm": il2norm}
 
 
 def one_node_model(op: str, inputs: list, attrs: dict, opset: int = 17,

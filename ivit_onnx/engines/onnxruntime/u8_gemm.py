@@ -34,11 +34,11 @@ LAYOUT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Split", "Gather", "Sl
           "Expand"}
 #: (op_type, input index) -> index of that input's zero point
 ZERO_POINT_OF = {("MatMulInteger", 0): 2, ("MatMulInteger", 1): 3, ("Requantize", 0): 1, ("IAdd", 0): 2,
-                 ("IAdd", 1): 3}
+                 ("IAdd", 1): 3, ("IL2Norm", 0): 1}
 GEMMS = {"MatMulInteger"}
 #: producers whose output type is the type of their zero point (input index), and their clip attributes
 PRODUCERS = {"Requantize": 4, "IAdd": 7, "ShiftGELU": 3, "ILayerNorm": 4, "Shiftmax": 1, "QuantizeLinear": 2,
-             "IBertGELU": 3, "L1LayerNorm": 4, "IBertSoftmax": 1, "LogIntSoftmax": 1}
+             "IBertGELU": 3, "L1LayerNorm": 4, "IBertSoftmax": 1, "LogIntSoftmax": 1, "IL2Norm": 4}
 
 
 @dataclass

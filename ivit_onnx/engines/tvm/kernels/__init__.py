@@ -6,8 +6,8 @@ nodes in place and :func:`.frontend.ivit_converters` gives the frontend a conver
 
 - Requantize, IAdd, ShiftGELU, IBertGELU (:mod:`.elementwise`): one injective ``te.compute`` each, fused by
   Relax into the producing GEMM's epilogue or the neighbouring elementwise ops;
-- Shiftmax, ILayerNorm, L1LayerNorm (:mod:`.rows`): one opaque kernel each (a thread block per row on cuda,
-  parallel rows on llvm), scheduled by :func:`.frontend.schedule_row_kernels` right after fusion.
+- Shiftmax, ILayerNorm, L1LayerNorm, IL2Norm (:mod:`.rows`): one opaque kernel each (a thread block per row
+  on cuda, parallel rows on llvm), scheduled by :func:`.frontend.schedule_row_kernels` right after fusion.
 
 Converters also take a producer into its consumer's kernel where that saves an int32 tensor in memory or a
 launch (:class:`.frontend._Import`: Shiftmax reads its widening Requantize's input, P·V is a uint8 GEMM
@@ -26,6 +26,6 @@ from .frontend import ivit_converters, restore_injective, schedule_row_kernels
 
 #: the private ops that have kernels here (all of them)
 KERNEL_OPS = ("Requantize", "IAdd", "ShiftGELU", "Shiftmax", "ILayerNorm", "IBertGELU", "L1LayerNorm",
-              "IBertSoftmax", "LogIntSoftmax")
+              "IBertSoftmax", "LogIntSoftmax", "IL2Norm")
 
 __all__ = ["KERNEL_OPS", "ivit_converters", "restore_injective", "schedule_row_kernels"]

@@ -33,7 +33,7 @@ INJECTIVE_ATTR = "ivit.injective"
 _INT_ATTRS = {op: tuple(spec.attributes) for op, spec in OPS.items()}
 #: the row kernels (:mod:`.rows`, :mod:`.poly_softmax`) by op type
 ROW_KERNELS = {"Shiftmax": rows.shiftmax, "ILayerNorm": rows.ilayernorm, "L1LayerNorm": rows.l1layernorm,
-               **poly_softmax.KERNELS}
+               **poly_softmax.KERNELS, "IL2Norm": rows.il2norm}
 #: the softmaxes whose kernels also write their output's row sums for P·V (:meth:`_Import.matmul`)
 ROW_SUM_OPS = ("Shiftmax", *poly_softmax.KERNELS)
 

@@ -1,4 +1,4 @@
-"""Shiftmax, ILayerNorm and L1LayerNorm as one kernel per op: reductions over the row, one division per row.
+"""Shiftmax, ILayerNorm, L1LayerNorm, IL2Norm: one kernel per op, reductions over the row, a division per row.
 
 The compute (``te``) is written as stages: row reductions (``max``, ``sum``), per-row scalars (the
 reciprocal ``floor((2**62-1)/sum)``; the mean, ``isqrt`` and ``floor(2**61/r)``), full-size intermediates
@@ -7,8 +7,8 @@ one kernel: on cuda a thread block per row, reductions across its threads (warp 
 TVM's cross-thread reduction), per-row scalars computed by every thread in registers (one division per
 row and thread, none per element); on llvm rows in parallel, each row's stages in its own loop.
 int32 where the stated bounds allow: the row max, the shift-exp (:func:`.arith.exp_dtype`), the centred
-value of ILayerNorm (``|d| < 2**31`` by its precondition ``C * max|d|**2 < 2**62``) and ILayerNorm's
-``sum(x)`` for int8/int16 rows; the exp sum and the variance are int64 (``< 2**62``).
+value of ILayerNorm and IL2Norm (``|d| < 2**31`` by their precondition ``C * max|d|**2 < 2**62``) and
+ILayerNorm's ``sum(x)`` for int8/int16 rows; the exp sum and the variance are int64 (``< 2**62``).
 """
 
 from __future__ import annotations
@@ -139,21 +139,40 @@ def l1layernorm(x, b, c, bias, zy, *, shift_in: int, p: int, qmin: int, qmax: in
     return _layernorm(x, b, c, bias, zy, shift_in, p, qmin, qmax, l1=True)
 
 
-def _layernorm(x, b, c, bias, zy, shift_in: int, p: int, qmin: int, qmax: int, l1: bool) -> te.Tensor:
-    """``u = floor(d * floor(2**61 / norm) / 2**(61 - p))``, then the per-channel rescale; ``norm`` is
-    ``isqrt(max(sum(d*d), 1))`` or (``l1``) ``max(sum(|d|), 1)``."""
+def il2norm(x, zx, b, c, zy, *, shift_in: int, eps: int, p: int, qmin: int, qmax: int) -> te.Tensor:
+    """``opset.il2norm.reference`` over the last axis: ILayerNorm's kernel with ``(x - zx) * 2**shift_in`` for
+    the centred value, the root clamped below by ``eps`` and no bias."""
+    return _layernorm(x, b, c, None, zy, shift_in, p, qmin, qmax, l1=False, zx=zx, eps=eps)
+
+
+def _layernorm(x, b, c, bias, zy, shift_in: int, p: int, qmin: int, qmax: int, l1: bool, zx=None,
+               eps: int | None = None) -> te.Tensor:
+    """``u = floor(d * floor(2**61 / norm) / 2**(61 - p))``, then the per-channel rescale (``bias`` None: 0);
+    ``norm`` is ``isqrt(max(sum(d*d), 1))`` (at least ``eps`` when given) or (``l1``) ``max(sum(|d|), 1)``;
+    ``d`` centred on the row mean, or on the zero point ``zx`` when given (IL2Norm)."""
     shape, rows, length = list(x.shape), list(x.shape[:-1]), int(x.shape[-1])
     lo, hi = bits_of(x.dtype)
     sum_dt = I32 if max(-lo, hi) * length < 2**31 else I64
-    # |d| < 2**31: ILayerNorm's precondition C * max|d|**2 < 2**62; L1LayerNorm's only bounds C * max|d|
+    # |d| < 2**31: ILayerNorm's and IL2Norm's precondition C * max|d|**2 < 2**62; L1LayerNorm's only bounds
+    # C * max|d|
     d_dt = I32 if not l1 or (2 * max(-lo, hi) + 1) << shift_in < 2**31 else I64
-    k = te.reduce_axis((0, length), "k")
-    sx = te.compute(rows, lambda *r: te.sum(x[r + (k,)].astype(sum_dt), axis=k), name="row_sum")
     scale_in = const(1 << shift_in)
-    mean = te.compute(rows, lambda *r: tirx.floordiv(wide(sx[r]) * scale_in, const(length)), name="row_mean")
+    if zx is None:
+        k = te.reduce_axis((0, length), "k")
+        sx = te.compute(rows, lambda *r: te.sum(x[r + (k,)].astype(sum_dt), axis=k), name="row_sum")
+        mean = te.compute(
+            rows, lambda *r: tirx.floordiv(wide(sx[r]) * scale_in, const(length)), name="row_mean"
+        )
+
+        def centre(i):
+            return mean[_row(i)]
+    else:
+
+        def centre(i):
+            return wide(at(zx, i, shape)) * scale_in
 
     def d(*i):
-        return (wide(x[i]) * scale_in - mean[_row(i)]).astype(d_dt)
+        return (wide(x[i]) * scale_in - centre(i)).astype(d_dt)
 
     k2 = te.reduce_axis((0, length), "k2")
     if l1:
@@ -164,16 +183,19 @@ def _layernorm(x, b, c, bias, zy, shift_in: int, p: int, qmin: int, qmax: int, l
             rows, lambda *r: te.sum(let(wide(d(*r, k2)), lambda v: v * v, "d"), axis=k2), name="row_var"
         )
         root = isqrt_stages(te.compute(rows, lambda *r: tirx.max(var[r], const(1)), name="row_var1"))
+        if eps is not None:
+            sqrt = root
+            root = te.compute(rows, lambda *r: tirx.max(sqrt[r], const(eps)), name="row_root_eps")
     recip = te.compute(
         rows, lambda *r: tirx.truncdiv(const(1 << 61), root[r]).astype("uint64"), name="row_recip"
     )
 
     def out(*i):
         u = (wide(d(*i)) * wide(recip[_row(i)])) >> const(61 - p)
-        t = u * at(b, i, shape) + at(bias, i, shape)
+        t = u * at(b, i, shape) + (at(bias, i, shape) if bias is not None else const(0))
         return saturate(round_shift(t, at(c, i, shape)) + wide(at(zy, i, shape)), qmin, qmax, str(zy.dtype))
 
-    name = "ivit_l1layernorm" if l1 else "ivit_ilayernorm"
+    name = "ivit_l1layernorm" if l1 else "ivit_ilayernorm" if zx is None else "ivit_il2norm"
     return te.compute(shape, out, name=name)
 
 
