@@ -1,4 +1,5 @@
-"""fuse_gelu: collapse decomposed GELU (erf and tanh forms, any Mul order, Q/DQ pairs inside) into Gelu.
+"""fuse_gelu: collapse decomposed GELU (erf and tanh forms, any Mul order, Q/DQ pairs inside; CLIP's
+quick_gelu ``x * sigmoid(1.702 x)``) into Gelu.
 
 The fused node is the standard ``Gelu`` (``approximate`` "none"/"tanh"), an in-pipeline marker that
 ``lower_integer`` turns into ShiftGELU; Q/DQ pairs ORT placed inside the pattern are dropped with it.
@@ -12,7 +13,7 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ivit_onnx.graph import detach
+from ivit_onnx.graph import detach, producer
 
 from .pattern import Const, FusePass, OneOf, Op, Rule, Var
 
@@ -46,10 +47,24 @@ class TanhGelu(ErfGelu):
     label, form = "GELU (tanh form)", "tanh"
 
 
+class QuickGelu(ErfGelu):
+    """CLIP's quick_gelu ``x * sigmoid(1.702 x)``: I-ViT's ShiftGELU computes exactly this (its sigmoid
+    argument is ``1.702 x``), so the fused Gelu under the default ``--gelu`` is a closer match to quick_gelu
+    than to erf-GELU (the two differ by up to 0.0204; ``--gelu ibert`` approximates erf-GELU). Fused only
+    where ``x`` is quantized: a Gelu left as a float island would compute erf-GELU instead."""
+
+    pattern = Op("Mul", x, Op("Sigmoid", Op("Mul", x, Const(1.702))))
+    label = "GELU (quick_gelu: x * sigmoid(1.702 x))"
+
+    def check(self, ctx, m):
+        p = producer(m.x)
+        return None if p is not None and p.op == "DequantizeLinear" else "x * sigmoid(1.702 x) of a float x"
+
+
 class FuseGelu(FusePass):
     name, suffix = "fuse_gelu", "gelu"
     guarantees = ("gelu_fused",)
-    rules = (ErfGelu(), TanhGelu())
+    rules = (ErfGelu(), TanhGelu(), QuickGelu())
 
 
 def unfuse(g: gs.Graph, node: gs.Node) -> None:

@@ -17,22 +17,25 @@ from . import (
     nonlinear,
     pad,
     pool,
+    product,
     qdq,
     resize,
     select,
     token_mask,
+    unary,
 )
 from .lowerer import Lowerer, Outcome
 
 LOWERING = (
     qdq.Quantize(),
     qdq.Dequantize(),
-    qdq.Clip(),
+    chain.FirstOf(qdq.Clip(), unary.FloatClip()),  # #27: QCDQ's integer Clip, else a float Clip's clamp
+    unary.PiecewiseLinear(),  # #27: Relu / Neg / Abs / LeakyRelu
     linear.MatMul(),
     linear.Gemm(),
     linear.Conv(),
     elementwise.Add(),
-    elementwise.ScaleByConst(),
+    product.Product(),  # #27: positive constants fold (ScaleByConst), any other product is exact int32
     nonlinear.Softmax(),
     nonlinear.Gelu(),
     nonlinear.LayerNorm(),

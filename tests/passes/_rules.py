@@ -39,3 +39,12 @@ def fusion_declines(fq, pass_name: str, reason: str) -> None:
     _, report = Pipeline.default().run(fq, stop_after=pass_name)
     assert not report.counts.get(pass_name)
     assert any(v == f"{pass_name}: {reason}" for v in report.notes.get("declined", {}).values()), report.notes
+
+
+def backends_agree(out, feeds: dict) -> None:
+    """The converted model gives the same bits on the library, the function bodies and the interpreter."""
+    from ivit_onnx.runners import make_runner
+
+    res = [make_runner(b, out).run(feeds) for b in ("library", "functions", "interpreter")]
+    for r in res[1:]:
+        assert all(np.array_equal(res[0][k], r[k]) for k in res[0])

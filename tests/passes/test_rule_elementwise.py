@@ -54,7 +54,7 @@ def test_scaling_by_a_positive_constant_is_folded_exactly(op, k):
     [
         ("float_inputs", "Add", "no input is quantized"),
         ("float_operand", "Add", "input 'y' is not quantized nor a constant"),
-        ("negative", "Mul", "not a quantized tensor scaled by a positive constant"),
+        ("float_factor", "Mul", "input 'y' is not quantized nor a constant"),
     ],
 )
 def test_declines_with_the_reason(case, op, reason):
@@ -65,8 +65,8 @@ def test_declines_with_the_reason(case, op, reason):
         y = g.node("Add", [g.qdq(y, 0.05), x])
     elif case == "float_operand":
         y = g.node("Add", [x, g.input("y", [2, 6, 16])])
-    else:
-        y = g.node("Mul", [x, g.const(-0.5)])
+    else:  # a negative constant is a product now (tests/passes/test_rule_product.py)
+        y = g.node("Mul", [x, g.input("y", [2, 6, 16])])
     g.output(g.qdq(y, 0.05))
     declines(g.model(), op, reason)
 

@@ -10,6 +10,7 @@ import pytest
 
 from ivit_onnx import Pipeline, rewrite
 from tests.graphs import G, op_counts, run
+from tests.passes._rules import fusion_declines
 
 X = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)
 
@@ -91,3 +92,40 @@ def test_fused_gelu_lowers_to_shiftgelu_within_two_output_steps(form):
     out, _ = rewrite(model)
     assert op_counts(out).get("ai.ivit:ShiftGELU") == 1
     assert np.max(np.abs(run(out, {"x": X})[0] - run(model, {"x": X})[0])) <= 2 * 0.05 + 1e-6
+
+
+def _quick_gelu_graph(qdq_inside: bool, x_first: bool, quantized: bool = True):
+    """CLIP's quick_gelu ``x * sigmoid(1.702 x)`` (either Mul order), Q/DQ inside as quantize_static puts
+    them."""
+    g = G()
+    x = g.input("x", [2, 5, 8])
+    x = g.qdq(x, 0.05) if quantized else g.node("Sin", [x])
+    q = (lambda t: g.qdq(t, 0.05)) if qdq_inside else (lambda t: t)
+    s = q(g.node("Sigmoid", [q(g.node("Mul", [x, g.const(1.702)] if x_first else [g.const(1.702), x]))]))
+    g.output(g.qdq(g.node("Mul", [x, s] if x_first else [s, x]), 0.05))
+    return g.model()
+
+
+@pytest.mark.parametrize("x_first", [False, True])
+@pytest.mark.parametrize("qdq_inside", [False, True])
+def test_quick_gelu_fuses_and_lowers_to_shiftgelu_close_to_the_fake_quant_graph(qdq_inside, x_first):
+    """quick_gelu becomes one Gelu, then ShiftGELU (which computes x * sigmoid(1.702 x) itself): cosine
+    >= 0.99 with the fake-quant quick_gelu graph and at most two output steps apart (ShiftGELU's shift-exp
+    sigmoid plus the rounding; the inner Q/DQ pairs the fused op drops add at most one more)."""
+    model = _quick_gelu_graph(qdq_inside, x_first)
+    fused, report = _fuse(model, "fuse_gelu")
+    assert op_counts(fused).get("Gelu") == 1 and "Sigmoid" not in op_counts(fused)
+    assert report.counts["fuse_gelu"]["GELU (quick_gelu: x * sigmoid(1.702 x))"] == 1
+    out, _ = rewrite(model)
+    assert op_counts(out).get("ai.ivit:ShiftGELU") == 1
+    xs = X * 3
+    a, b = run(model, {"x": xs})[0].ravel(), run(out, {"x": xs})[0].ravel()
+    assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) >= 0.99
+    assert np.max(np.abs(a - b)) <= (2 + qdq_inside) * 0.05 + 1e-6
+
+
+def test_quick_gelu_of_a_float_x_is_not_fused():
+    """Fused, a float island's Gelu would compute erf-GELU: quick_gelu of an unquantized x stays as it is."""
+    fusion_declines(
+        _quick_gelu_graph(False, True, quantized=False), "fuse_gelu", "x * sigmoid(1.702 x) of a float x"
+    )

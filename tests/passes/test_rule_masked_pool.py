@@ -62,7 +62,6 @@ def _decline_graph(case):
         "sum_overflow": lambda: g.node("ReduceSum", [matmul, axis]),
         "clip_float": lambda: g.node("Clip", [f, g.const(0.0)]),
         "clip_bound": lambda: g.node("Clip", [x, g.input("lo", [])]),
-        "clip_grid": lambda: g.node("Clip", [x, g.const(0.125)]),
         "div_float": lambda: g.node("Div", [f, f2]),
         "div_zp": lambda: g.node("Div", [x, count]),
     }.get(case, lambda: g.node("Div", [g.node("ReduceSum", [x, axis]), count]))()  # div_*: a mean
@@ -81,7 +80,6 @@ def _decline_graph(case):
         ("sum_overflow", "ReduceSum", "a sum of 2100 values may overflow int32"),
         ("clip_float", "Clip", "input is not quantized per tensor, or no bounds"),
         ("clip_bound", "Clip", "bound 'lo' is not a scalar constant"),
-        ("clip_grid", "Clip", "bound 0.125 is not on the input's integer grid"),
         ("div_float", "Div", "sum or count is not quantized"),
         ("div_no_q", "Div", "no QuantizeLinear after the mean"),
         ("div_zp", "Div", "sum and count must be per-tensor integers with zero point 0"),

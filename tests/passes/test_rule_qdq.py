@@ -8,7 +8,7 @@ from onnx import TensorProto
 
 from ivit_onnx import ConversionError, rewrite
 from tests.graphs import G, op_counts
-from tests.passes._rules import RNG, X, declines, lowered
+from tests.passes._rules import RNG, X, lowered
 
 
 def test_requantize_between_two_types_within_one_step():
@@ -48,10 +48,14 @@ def test_qcdq_clip_clips_the_integers_exactly():
     assert report.counts["lower_integer"]["QCDQ Clip (narrow range)"] == 1
 
 
-def test_float_clip_is_declined():
+def test_float_clip_is_left_to_the_unary_rule():
+    """Not QCDQ: the float Clip is the unary rule's (tests/passes/test_rule_unary.py), exact into another
+    scale."""
     g = G()
     g.output(g.qdq(g.node("Clip", [g.qdq(g.input("x", [2, 6, 16]), 0.03), g.const(0.0), g.const(0.5)]), 0.01))
-    declines(g.model(), "Clip", "a float Clip (not of a QuantizeLinear output)")
+    _, report = lowered(g.model(), {"x": X}, atol=0)
+    assert "QCDQ Clip (narrow range)" not in report.counts["lower_integer"]
+    assert report.counts["lower_integer"]["Clip → table lookup (Gather)"] == 1
 
 
 def test_non_constant_clip_bounds_are_an_error():

@@ -339,9 +339,10 @@ def test_qonnx_quant_forms_without_an_integer_reading_are_refused(bits, mode, fo
     _refused(_qonnx_model(g), rf"Quant '.*': QONNX {form}")
 
 
-def test_float_clip_on_dequantized_values_is_a_float_island():
-    """A float Clip (ReLU6-like) of a dequantized tensor has no integer rule: strict mode must say so."""
+def test_float_clip_on_dequantized_values_converts_exactly():
+    """A float Clip (ReLU6-like) of a dequantized tensor is the unary rule's exact table (issue #27;
+    tests/passes/test_rule_unary.py): strict, equal to the fake-quant model."""
     g = G()
     x = g.qdq(g.input("x", [2, 6, 16]), 0.03)
     g.output(g.qdq(g.node("Clip", [x, g.const(0.0), g.const(0.5)]), 0.01))
-    _refused(g.model(), r"Clip '.*'")
+    _converts(g.model(), atol_lsb=0)
