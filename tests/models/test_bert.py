@@ -96,8 +96,9 @@ def test_mask_recipe_converts_strictly(tmp_path, form, opset):
     assert np.abs(got - ref).max() <= 0.05 * np.abs(ref).max() + 1e-6
 
 
-def test_lone_erf_and_where_are_named_islands():
-    """Other exporters leave Erf outside a GELU pattern, or select the mask with Where: float islands."""
+def test_lone_erf_is_a_table_and_a_data_where_is_a_named_island():
+    """Other exporters leave Erf outside a GELU pattern (an exact table lookup of its 8-bit input), or select
+    with a Where whose condition is computed from activations (a float island, named)."""
     from tests.graphs import G, run
 
     g = G()
@@ -106,10 +107,11 @@ def test_lone_erf_and_where_are_named_islands():
     keep = g.node("Greater", [x, g.const(0.0)])
     g.output(g.qdq(g.node("Where", [keep, e, g.const(-1.0)]), 1 / 64))
     fq = g.model()
-    with pytest.raises(ConversionError, match="Erf"):
+    with pytest.raises(ConversionError, match="Where"):
         rewrite(fq)
     model, report = rewrite(fq, allow_float=True)
     names = {s.split()[0] for s in report.to_dict()["float_islands"]}
-    assert {"Erf", "Where"} <= names, names
+    assert "Where" in names and "Erf" not in names, names
+    assert report.counts["lower_integer"]["Erf → table lookup (Gather)"] == 1
     feeds = {"x": np.linspace(-0.5, 0.5, 16, dtype=np.float32).reshape(2, 8)}
     np.testing.assert_allclose(run(model, feeds)[0], run(fq, feeds)[0], atol=1 / 64 + 1e-6)
