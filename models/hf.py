@@ -56,7 +56,7 @@ class Family:
 _TRAIN = dict(epochs=12, batch_size=32, lr=2e-3, weight_decay=0.05, warmup_epochs=1, seed=0)
 #: the families added for issue #27 train for a few seconds each (CI): enough for margins, not for accuracy
 _SHORT = dict(_TRAIN, epochs=4)
-_SHORT_TEXT = dict(_TRAIN, epochs=6, lr=3e-3)
+_SHORT_TEXT = dict(_TRAIN, epochs=8, lr=3e-3)
 _DISTILBERT = dict(vocab_size=TEXT_VOCAB, max_position_embeddings=SEQ, num_labels=3)
 _DISTILBERT.update(n_layers=2, n_heads=2, dim=32, hidden_dim=64)
 
@@ -150,7 +150,7 @@ SPECS = {
     "mobilevit": Family(
         "MobileViTConfig", "MobileViTForImageClassification",
         dict(
-            IMAGE, hidden_sizes=[32, 32, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+            IMAGE, hidden_sizes=[16, 16, 16], neck_hidden_sizes=[8, 8, 16, 16, 16, 24, 32],
             num_attention_heads=2, mlp_ratio=2.0, expand_ratio=2.0,
         ),
         train=dict(_SHORT, epochs=8, lr=3e-3), torch_init=True,
@@ -172,12 +172,12 @@ SPECS = {
     ),
     "electra": Family(
         "ElectraConfig", "ElectraForSequenceClassification", dict(_TEXT, embedding_size=32),
-        task="text-classification", train=_SHORT_TEXT,
+        task="text-classification", train=dict(_SHORT_TEXT, epochs=10),
     ),
     # ALBERT: one layer's weights shared by both layers; factorized embeddings (16 -> 32)
     "albert": Family(
         "AlbertConfig", "AlbertForSequenceClassification", dict(_TEXT, embedding_size=16),
-        task="text-classification", train=_SHORT_TEXT,
+        task="text-classification", train=dict(_SHORT_TEXT, epochs=10),
     ),
     "xlm_roberta": Family(
         "XLMRobertaConfig", "XLMRobertaForSequenceClassification", _TEXT_PADDED,
