@@ -46,14 +46,14 @@ EXPORTER_TEXT = {
 
 def _cell(case: hm.Case, result: dict) -> str:
     """strict with its numbers (and its flaws: float tensors, a library session that fails); an expected
-    refusal by the tensor it names; else the first line."""
+    refusal by its cause and the first tensor it names; else the first line."""
     if result["result"] == "strict":
         flaws = hm.outcome(case, result).removeprefix("strict")
         return f"strict{flaws}, cosine {result['cosine']:.4f}, agreement {result['agreement']:.1f} %"
     error = result["error"].splitlines()[0]
-    tensor = re.search(r"tensor '([^']+)'", error)
+    tensor = re.search(r"tensor '([^']+)'", error) or re.search(r"'([^']+)'", error)
     if case.refusal and result["result"] == "refused" and tensor:
-        return f"refused as it should: quantized mask (`{tensor.group(1)}`)"
+        return f"refused as it should: {case.refusal_cause} (`{tensor.group(1)}`)"
     return f"{result['result']}: " + error.replace("|", "\\|")[:120]
 
 

@@ -33,6 +33,11 @@ QUANTIZERS = ("ort_default", "ort_int8", "nncf_default", "nncf_transformer")
 #: it is the mask with its fill value, and points to the recipe (docs/conversion.md's anchor below)
 MASK_QUANTIZERS = ("ort_default", "ort_int8", "nncf_default")
 MASK_REFUSAL = (r"mask", r"fill value", r"attention-masks-and-quantizers")
+#: MPNet's relative position buckets take log(0) = -inf (then clamp it): quantizers put that tensor in a
+#: QuantizeLinear whose scale is inf, so the fake-quant model is broken there, and the right outcome is a
+#: one-line refusal naming the scale and saying it is not finite (issue #27's one accepted refusal)
+INFINITE_SCALE = {"mpnet": NEW_TEXT_QUANTIZERS}
+INFINITE_SCALE_REFUSAL = (r"scale", r"not finite|infinite")
 
 # bounds the tests assert (on test inputs whose fake-quant top-1 margin is at least MARGIN logit std devs)
 MIN_COSINE = 0.99
@@ -76,9 +81,19 @@ class Case:
         return f"{self.family}_{self.exporter}_fp32"
 
     @property
+    def refusal_cause(self) -> str | None:
+        """Why the right outcome is a refusal ("mask quantized", "infinite scale"), or None."""
+        if self.family == "bert" and self.quantizer in MASK_QUANTIZERS:
+            return "mask quantized"
+        if self.quantizer in INFINITE_SCALE.get(self.family, ()):
+            return "infinite scale"
+        return None
+
+    @property
     def refusal(self) -> tuple[str, ...] | None:
         """The regexes the ConversionError must match, where the right outcome is a refusal."""
-        return MASK_REFUSAL if self.family == "bert" and self.quantizer in MASK_QUANTIZERS else None
+        cause = self.refusal_cause
+        return None if cause is None else {"mask quantized": MASK_REFUSAL}.get(cause, INFINITE_SCALE_REFUSAL)
 
     @property
     def slow(self) -> bool:
@@ -304,7 +319,7 @@ def outcome(case: Case, result: dict) -> str:
             flaws.append("library session " + result["library"].split(":")[0])
         return ", ".join(["strict", *flaws])
     if case.refusal and result["result"] == "refused":
-        return "refused: mask quantized"
+        return f"refused: {case.refusal_cause}"
     return result["result"]
 
 

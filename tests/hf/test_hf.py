@@ -6,11 +6,12 @@ the mask recipe and NNCF's transformer preset (text), one case per family in CI,
 Each case converts with ``rewrite`` in strict mode and the integer model is compared with its fake-quant
 model on the held-out split: no float tensor, logits cosine >= 0.99 and top-1 agreement >= 99 % on the inputs
 whose fake-quant top-1 has a margin, and accuracy within 1 point of the fake-quant model's (the models are
-trained: digits for the vision families, the synthetic topic task for BERT). A BERT whose attention mask the
-quantizer put inside a scale (onnxruntime without the recipe, NNCF's defaults) must be refused in one line
-naming the tensor, the mask's fill value and the recipe's docs. The integer model must also load and run,
-bit for bit, in a plain onnxruntime session with the library (``hf_matrix.plain_session``). Each test prints
-one JSON line (``-s``).
+trained: digits for the vision families, the synthetic topic task for the text ones). A BERT whose attention
+mask the quantizer put inside a scale (onnxruntime without the recipe, NNCF's defaults) must be refused in one
+line naming the tensor, the mask's fill value and the recipe's docs; an MPNet, whose log(0) position buckets
+give a quantized tensor an infinite scale, in one line naming that scale. The integer model must also load
+and run, bit for bit, in a plain onnxruntime session with the library (``hf_matrix.plain_session``). Each
+test prints one JSON line (``-s``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def _tensor_names(path) -> set[str]:
 
 
 @pytest.mark.parametrize("case", _params(c for c in hm.CASES if c.refusal))
-def test_quantized_mask_is_refused_with_the_tensor_and_the_cause(workshop, case):
+def test_broken_fake_quant_is_refused_with_the_tensor_and_the_cause(workshop, case):
+    """A quantized mask (BERT without the recipe) or an infinite scale (MPNet): one line, the cause, a tensor
+    of the model."""
     path = _fake_quant(workshop, case)
     with pytest.raises(ConversionError) as e:
         hm.convert(case, path)
