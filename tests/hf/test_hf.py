@@ -35,6 +35,13 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 def _fake_quant(workshop, case):
     if "nncf" in case.quantizer:
         pytest.importorskip("nncf", reason="nncf is not installed (pip install -e '.[hf]')")
+        workshop.fp32(case.family, case.exporter)  # an export that fails is a failure, not NNCF's
+        try:
+            return workshop.fake_quant(case)
+        except Exception as e:  # NNCF's own failures on some exports (none of ours): the case has no model
+            RESULTS[case] = {"case": case.name, "result": "failed", "error": f"{type(e).__name__}: {e}"}
+            print("HF " + json.dumps(RESULTS[case]))
+            pytest.skip(f"NNCF failed to quantize {case.fp32_name}: {type(e).__name__}: {e}")
     if "optimum" in (case.exporter, case.quantizer):
         from ivit_onnx.models.toolkit_env import ToolkitEnvError
 
