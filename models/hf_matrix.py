@@ -232,7 +232,7 @@ def plain_session(model, feeds: dict[str, np.ndarray], want: np.ndarray) -> str:
     """Run ``model`` in a plain ``onnxruntime.InferenceSession`` with only the native custom-op library
     registered (docs/library.md's route; GEMM self-check as on AVX2, PLAIN_SESSION_FAULT) on one batch of
     ``feeds``: "exact" (its logits equal ``want``, the integer model's logits on that batch), "inexact",
-    "failed: <first line of the error>", or "no library" where the native library was not built."""
+    "failed: <the error, its last 300 characters>", or "no library" where the native library was not built."""
     import onnxruntime as ort
 
     from ivit_onnx.opset import ort_library
