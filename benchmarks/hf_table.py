@@ -28,7 +28,7 @@ QUANTIZER_TEXT = {
     "ort_int8": "onnxruntime `quantize_static`: QDQ, int8 symmetric activations, "
     "int8 symmetric per-channel weights",
     "ort_bert_recipe": "onnxruntime `quantize_static`, int8 symmetric per-channel, with "
-    "`nodes_to_exclude=ort_qdq.mask_nodes(model)` (the BERT mask recipe: "
+    "`nodes_to_exclude=ort_qdq.mask_nodes(model)` (the mask recipe, for every text model: "
     "`ort_quantize(..., exclude_mask=True)`)",
     "nncf_default": "NNCF `nncf.quantize(model, nncf.Dataset(batches), subset_size=8)`, default options",
     "nncf_transformer": "NNCF `nncf.quantize(..., model_type=nncf.ModelType.TRANSFORMER)`",
@@ -45,13 +45,15 @@ EXPORTER_TEXT = {
 
 
 def _cell(case: hm.Case, result: dict) -> str:
-    """strict with its numbers; an expected refusal by the tensor it names; else the first line."""
+    """strict with its numbers (and its flaws: float tensors, a library session that fails); an expected
+    refusal by its cause and the first tensor it names; else the first line."""
     if result["result"] == "strict":
-        return f"strict, cosine {result['cosine']:.4f}, agreement {result['agreement']:.1f} %"
+        flaws = hm.outcome(case, result).removeprefix("strict")
+        return f"strict{flaws}, cosine {result['cosine']:.4f}, agreement {result['agreement']:.1f} %"
     error = result["error"].splitlines()[0]
-    tensor = re.search(r"tensor '([^']+)'", error)
+    tensor = re.search(r"tensor '([^']+)'", error) or re.search(r"'([^']+)'", error)
     if case.refusal and result["result"] == "refused" and tensor:
-        return f"refused as it should: quantized mask (`{tensor.group(1)}`)"
+        return f"refused as it should: {case.refusal_cause} (`{tensor.group(1)}`)"
     return f"{result['result']}: " + error.replace("|", "\\|")[:120]
 
 
@@ -94,8 +96,9 @@ def status(results: dict[hm.Case, dict], versions: dict, clis: list[str], folder
         f"Models: transformers {versions.get('transformers')}, small configs (models/hf.py SPECS), "
         f"{'trained' if versions.get('trained') else 'random weights'}; calibration: 256 training examples "
         "in batches of 32. Each FP32 file is `{family}_{exporter}_fp32.onnx`. Rewritten with `--shape` where "
-        f"the CLI has it: BERT `NAME={hm.BATCH},16` for its three inputs, the vision models "
-        "`pixel_values=N,1,8,8`.",
+        f"the CLI has it: the text models `NAME={hm.BATCH},16` for each of their inputs, the vision models "
+        "`pixel_values=N,1,8,8`. Issue #27's families (DINOv2 ... RoFormer) go through TorchScript and "
+        "dynamo only, vision with `ort_int8`, text with `ort_bert_recipe` and `nncf_transformer`.",
         "",
         "Exporters:",
         *[f"- {k}: {v}" for k, v in EXPORTER_TEXT.items()],
@@ -133,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cli", action="append", help="ivit-onnx executable(s) whose rewrite outcomes STATUS.md lists"
     )
     p.add_argument("--json", type=Path, help="write one JSON line per case")
-    p.add_argument("--readme", action="store_true", help="write the outcome table into README.md (all cases)")
+    p.add_argument(
+        "--readme", action="store_true", help="write README.md's outcome table (every case, slow ones too)"
+    )
     args = p.parse_args(argv)
     shop = hm.Workshop(args.out, trained=not args.random)
     results = {}

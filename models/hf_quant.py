@@ -3,8 +3,9 @@
 ``hf_optimum.py``), each with its default options and with the options a user picks for transformers.
 
 Every quantizer takes an FP32 ONNX file, calibration batches (feeds: input name -> array) and writes the
-fake-quant file (IR version 10). ``ort_bert_recipe`` is the onnxruntime recipe that keeps BERT's attention
-mask out of the quantized tensors (``ort_qdq.mask_nodes``).
+fake-quant file (IR version 10). ``ort_bert_recipe`` is the onnxruntime recipe that keeps a text model's
+attention mask (BERT's and every other HF encoder's in ``hf.TEXT``) out of the quantized tensors
+(``ort_qdq.mask_nodes``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ def ort(fp32: str | Path, out: str | Path, calib: Batches, variant: str) -> None
 
 
 def ort_bert_recipe(fp32: str | Path, out: str | Path, calib: Batches) -> None:
-    """The BERT recipe: int8 symmetric per-channel (``ort_qdq.VARIANTS["int8_sym"]``) with the attention
-    mask's nodes excluded (``ort_quantize(..., exclude_mask=True)``, ``ort_qdq.mask_nodes``)."""
+    """The mask recipe (named for BERT, for every text model): int8 symmetric per-channel
+    (``ort_qdq.VARIANTS["int8_sym"]``) with the attention mask's nodes excluded
+    (``ort_quantize(..., exclude_mask=True)``, ``ort_qdq.mask_nodes``)."""
     ort_quantize(fp32, out, calib, "int8_sym", preprocess=False, exclude_mask=True)
 
 
