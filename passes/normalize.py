@@ -106,6 +106,24 @@ def _larger(a: float, b: float) -> float:
     return a if abs(a) >= abs(b) else b
 
 
+#: (walk, id(tensor)) -> its result, for one ``normalize`` run: every QuantizeLinear walks up its input, and
+#: without it the walks repeat over shared ancestors (quadratic in the layers)
+_WALKS: dict[tuple[str, int], object] = {}
+
+
+def _memo(walk):
+    """Cache ``walk(t, depth)`` per tensor in :data:`_WALKS` (the first depth reached decides)."""
+
+    def cached(t: gs.Tensor, depth: int = 0):
+        key = (walk.__name__, id(t))
+        if key not in _WALKS:
+            _WALKS[key] = walk(t, depth)
+        return _WALKS[key]
+
+    return cached
+
+
+@_memo
 def _from_shapes(t: gs.Tensor, depth: int = 0) -> bool:
     """``t`` is computed from constants and ``Shape`` nodes only (index arithmetic of a symbolic shape)."""
     p = t.inputs[0] if t.inputs else None
@@ -114,6 +132,7 @@ def _from_shapes(t: gs.Tensor, depth: int = 0) -> bool:
     return p.op == "Shape" or depth < 32 and all(_from_shapes(x, depth + 1) for x in p.inputs if x.name)
 
 
+@_memo
 def _mask_fill(t: gs.Tensor, depth: int = 0) -> float | None:
     """The fill value (the constant of largest magnitude) of an attention mask computed from an integer graph
     input (``Where(mask, 0, finfo.min)``, ``(1 - mask) * -10000``, through layout ops and Q/DQ), else None."""
@@ -171,6 +190,13 @@ class Normalize(Pass):
     guarantees = ("constant_qdq_params", "no_constant_nodes")
 
     def run(self, ctx: Context) -> bool:
+        _WALKS.clear()
+        try:
+            return self._run(ctx)
+        finally:
+            _WALKS.clear()  # ids of freed tensors are reused
+
+    def _run(self, ctx: Context) -> bool:
         g = ctx.graph
         if ctx.opset < 13:
             raise ConversionError(f"opset {ctx.opset} is too old: ivit-onnx needs opset 13 or newer")

@@ -17,8 +17,8 @@ from tests.graphs import G
 
 #: 8x the blocks: linear growth is 8x, quadratic 64x; this leaves room for timer noise
 GROWTH = 20.0
-#: passes that take less than this at 25 blocks are not compared (timer noise)
-FLOOR_S = 0.05
+#: a pass's time at 25 blocks counts as at least this (timer noise on a loaded 2-core machine)
+FLOOR_S = 0.1
 
 
 def _chain(blocks: int):
@@ -37,13 +37,17 @@ def _chain(blocks: int):
     return g.model()
 
 
-def _seconds(blocks: int) -> dict[str, float]:
-    _, report = rewrite(_chain(blocks), input_shapes={"x": [2, 4, 16]})
-    return report.seconds
+def _seconds(blocks: int, runs: int = 2) -> dict[str, float]:
+    """Each pass's fastest time over ``runs`` conversions (a loaded machine's pauses are not the pass's)."""
+    model, best = _chain(blocks), {}
+    for _ in range(runs):
+        _, report = rewrite(model, input_shapes={"x": [2, 4, 16]})
+        best = {k: min(v, best.get(k, v)) for k, v in report.seconds.items()}
+    return best
 
 
 def test_no_pass_is_quadratic_in_the_node_count():
-    _seconds(2)  # warm-up: onnxruntime's and the rules' first-use costs
+    _seconds(2, runs=1)  # warm-up: onnxruntime's and the rules' first-use costs
     small, large = _seconds(25), _seconds(200)
     slow = {
         name: (round(small[name], 3), round(large[name], 3))
