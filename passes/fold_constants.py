@@ -403,9 +403,11 @@ def _infer(ctx: Context) -> str | None:
             onnx.helper.make_opsetid(d, v) for d, v in sorted(ctx.opset_imports.items())
         )
         model.functions.extend(ctx.functions)
-        inferred = onnx.shape_inference.infer_shapes(skeleton(model), strict_mode=False, data_prop=True)
+        bare = skeleton(model)
+        inferred = onnx.shape_inference.infer_shapes(bare, strict_mode=False, data_prop=True)
     except Exception as e:  # noqa: BLE001 - InferenceError, ValidationError, RuntimeError
         return f"shape inference failed ({one_line(e)})"
+    _probe_unknown_dims(bare, inferred)
     tensors = g.tensors()
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
         t = tensors.get(vi.name)
@@ -421,3 +423,55 @@ def _infer(ctx: Context) -> str | None:
                 for k, d in enumerate(tt.shape.dim)
             ]
 
+
+
+#: the values each symbolic input dimension takes in the two probes of :func:`_probe_unknown_dims`
+_PROBES = ((7, 11, 13, 17, 19, 23), (29, 31, 37, 41, 43, 47))
+
+
+def _unknown(d) -> bool:
+    return not d.HasField("dim_value") and (not d.dim_param or d.dim_param.startswith("unk__"))
+
+
+def _probe_unknown_dims(bare: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+    """Dimensions ONNX inference leaves unknown behind a symbolic batch (a ``Reshape(x, [batch, -1, C])``: the
+    ``-1`` needs ``size / batch``, which ONNX cannot divide symbolically), resolved by inferring twice with
+    the input symbols set to numbers: a dimension equal in both probes does not depend on them (the token
+    count of a ViT); one that follows a symbol is that symbol. Written into ``inferred`` in place."""
+    symbols = sorted({d.dim_param for i in bare.graph.input for d in i.type.tensor_type.shape.dim
+                      if d.dim_param and not d.HasField("dim_value")})
+    values = list(inferred.graph.value_info) + list(inferred.graph.output)
+    if not symbols or len(symbols) > len(_PROBES[0]) or not any(
+        _unknown(d) for v in values for d in v.type.tensor_type.shape.dim
+    ):
+        return
+    probes = []
+    for numbers in _PROBES:
+        at = dict(zip(symbols, numbers, strict=False))
+        probe = onnx.ModelProto()
+        probe.CopyFrom(bare)
+        for i in probe.graph.input:
+            for d in i.type.tensor_type.shape.dim:
+                if d.dim_param in at:
+                    d.dim_value = at[d.dim_param]
+        try:
+            out = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
+        except Exception:  # noqa: BLE001 - the symbolic inference's result stands
+            return
+        probes.append({v.name: v.type.tensor_type.shape for v in [*out.graph.value_info, *out.graph.output]})
+        probes[-1]["@"] = at
+    follows = {(probes[0]["@"][k], probes[1]["@"][k]): k for k in symbols}
+    for v in values:
+        for k, d in enumerate(v.type.tensor_type.shape.dim):
+            if not _unknown(d):
+                continue
+            seen = [p.get(v.name) for p in probes]
+            if any(s is None or len(s.dim) != len(v.type.tensor_type.shape.dim) for s in seen):
+                continue
+            a, b = (s.dim[k] for s in seen)
+            if not (a.HasField("dim_value") and b.HasField("dim_value")):
+                continue
+            if a.dim_value == b.dim_value:
+                d.dim_value = a.dim_value
+            elif (a.dim_value, b.dim_value) in follows:
+                d.dim_param = follows[(a.dim_value, b.dim_value)]

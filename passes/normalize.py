@@ -35,6 +35,13 @@ REFUSED = {
     "QLinearConv": "QOperator format; export in QDQ format (QuantizeLinear/DequantizeLinear pairs)",
     "QGemm": "QOperator format; export in QDQ format (QuantizeLinear/DequantizeLinear pairs)",
     "QAttention": "QOperator format; export in QDQ format (QuantizeLinear/DequantizeLinear pairs)",
+    **{
+        op: "random numbers drawn at run time have no integer value, and the fake-quant model differs run "
+        "to run there (ViTMAE shuffles its patches with them): export with that tensor fixed (ViTMAE: "
+        "noise=) or deploy the weights in a class without it (MAE weights load into ViTModel)"
+        for op in ("RandomUniformLike", "RandomUniform", "RandomNormalLike", "RandomNormal", "Bernoulli",
+                   "Multinomial")
+    },
 }
 
 

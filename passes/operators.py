@@ -21,9 +21,6 @@ NO_RULE: dict[str, tuple[str, ...]] = {
         "If", "Loop", "Scan", "SequenceMap",
     ),
     "recurrent layer: not part of a transformer encoder": ("GRU", "LSTM", "RNN"),
-    "random numbers: no deterministic value to compute exactly": (
-        "Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
-    ),
     "strings, sequences, optionals: no numeric tensor to quantize": (
         "ConcatFromSequence", "ImageDecoder", "Optional", "OptionalGetElement", "OptionalHasElement",
         "RegexFullMatch", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase",

@@ -38,7 +38,7 @@ def _count(lw: Lowerer, node) -> int | str:
         return "axes or input rank not known at conversion time"
     dims = [shape[a] for a in axes] if axes else list(shape)
     if not all(isinstance(d, int) for d in dims):
-        return f"reduced dims {dims} not static"
+        return f"reduced dims {dims} unknown (not static)"
     return int(np.prod(dims))
 
 

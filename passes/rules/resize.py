@@ -59,7 +59,7 @@ def _sizes(node) -> np.ndarray | str:
         return "scales or sizes not constant"
     shape_in, shape_out = node.inputs[0].shape, node.outputs[0].shape
     if _scales(node) is None:
-        return "shapes not static"
+        return "shapes unknown (not static)"
     axes = list(node.attrs.get("axes") or range(len(shape_in)))
     sizes = np.array([shape_out[a] for a in axes], np.int64)
     ratio = np.float32(sizes / np.array([shape_in[a] for a in axes]))
@@ -110,7 +110,7 @@ def _plan(lw: Lowerer, node) -> list[tuple[int, np.ndarray, int]] | str:
         return "keep_aspect_ratio_policy other than stretch"
     full = _scales(node)
     if full is None:
-        return "shapes not static"
+        return "shapes unknown (not static)"
     shape_in, shape_out = node.inputs[0].shape, node.outputs[0].shape
     rank = len(shape_in)
     resized = [d for d in range(rank) if full[d] != 1 or shape_in[d] != shape_out[d]]

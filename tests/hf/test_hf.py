@@ -5,7 +5,7 @@ the mask recipe and NNCF's transformer preset (text), one case per family in CI,
 
 Each case converts with ``rewrite`` in strict mode and the integer model is compared with its fake-quant
 model on the held-out split: no float tensor, logits cosine >= 0.99 and top-1 agreement >= 99 % on the inputs
-whose fake-quant top-1 has a margin, and accuracy within 1 point of the fake-quant model's (the models are
+whose fake-quant top-1 has a margin, and accuracy at most 1 point below the fake-quant model's (the models are
 trained: digits for the vision families, the synthetic topic task for the text ones). A BERT whose attention
 mask the quantizer put inside a scale (onnxruntime without the recipe, NNCF's defaults) must be refused in one
 line naming the tensor, the mask's fill value and the recipe's docs; an MPNet, whose log(0) position buckets
@@ -95,7 +95,10 @@ def test_converts_strictly_and_agrees(workshop, case):
         assert result["library"] == "exact", result
     assert result["inputs"] >= 0.5 * len(workshop.data(case.family).y_test), result  # margins are common
     assert result["cosine"] >= hm.MIN_COSINE and result["agreement"] >= hm.MIN_AGREEMENT, result
-    assert abs(result["int_accuracy"] - result["fq_accuracy"]) <= hm.MAX_ACCURACY_DROP, result
+    # a loss is what conversion may not cause; a gain is the noise of the inputs without a margin (1.3 points
+    # on DeiT dynamo on one AMD EPYC, with 99.5 % agreement where the margins are): it depends on the CPU the
+    # model trained on
+    assert result["int_accuracy"] >= result["fq_accuracy"] - hm.MAX_ACCURACY_DROP, result
 
 
 @pytest.mark.parametrize("family", hf.TEXT)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from ivit_onnx import ConversionError, Pipeline
+from ivit_onnx import ConversionError, Pipeline, rewrite
 from ivit_onnx.passes.fold_constants import broadcast
 from ivit_onnx.pipeline import Options
 from tests.graphs import G, op_counts
@@ -152,3 +152,23 @@ def test_shape_arithmetic_through_qdq_folds():
     shapes = [numpy_helper.to_array(t) for t in out.graph.initializer if t.data_type == TensorProto.INT64]
     assert any(np.array_equal(s, [-1, 16]) for s in shapes), shapes
     lowered(g.model(), {"x": X}, atol=1e-6)
+
+
+def test_dimensions_behind_a_symbolic_batch_are_probed():
+    """``Reshape(x, [batch, -1, 8])`` with a symbolic batch: ONNX inference cannot divide the size by the
+    batch, so the token count is unknown and a mean over it cannot be lowered; inferring with the batch set to
+    two numbers shows it is 8 whatever the batch (BEiT's and LeViT's TorchScript pooler)."""
+    from tests.graphs import run
+
+    g = G()
+    x = g.qdq(g.input("x", ["N", 4, 16]), 0.05)
+    batch = g.node("Unsqueeze", [g.node("Gather", [g.node("Shape", [x]), g.const(0, np.int64)]),
+                                 g.const([0], np.int64)])
+    target = g.node("Concat", [batch, g.const([-1, 8], np.int64)], axis=0)
+    y = g.node("ReduceMean", [g.node("Reshape", [x, target])], axes=[1], keepdims=0)
+    g.output(g.qdq(y, 0.05))
+    fq = g.model()
+    out, _ = rewrite(fq)
+    assert "N" in str(out.graph.input[0].type.tensor_type.shape)  # the batch stays symbolic
+    feeds = {"x": np.random.default_rng(0).standard_normal((3, 4, 16)).astype(np.float32)}
+    assert np.max(np.abs(run(out, feeds)[0] - run(fq, feeds)[0])) <= 0.05 + 1e-6

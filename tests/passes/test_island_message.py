@@ -82,3 +82,12 @@ def test_one_element_scales_become_scalars_so_islands_load_in_onnxruntime():
             assert all(inits[t].ndim == 0 for t in n.input[1:] if t in inits), n.name
     feeds = {"x": np.linspace(0.5, 2, 16, dtype=np.float32).reshape(2, 8)}
     np.testing.assert_allclose(run(out, feeds)[0], run(fq, feeds)[0], atol=0.05 + 1e-6)
+
+
+def test_random_numbers_are_refused_with_what_to_export():
+    """ViTMAE's patch shuffle draws noise at run time: one line naming the op and what to export instead."""
+    g = G()
+    x = g.qdq(g.input("x", [2, 8]), 0.05)
+    g.output(g.qdq(g.node("Add", [x, g.node("RandomUniformLike", [x])]), 0.05))
+    message = _refusal(g.model())
+    assert message.startswith("RandomUniformLike '") and "noise=" in message and "\n" not in message

@@ -48,7 +48,7 @@ def _decline_graph(case):
     [
         ("float", "input is not quantized"),
         ("axes", "axes or input rank not known at conversion time"),
-        ("dynamic", "reduced dims ['n'] not static"),
+        ("dynamic", "reduced dims ['n'] unknown (not static)"),
         ("overflow", "could overflow int32"),
     ],
 )
