@@ -407,7 +407,7 @@ def _infer(ctx: Context) -> str | None:
         inferred = onnx.shape_inference.infer_shapes(bare, strict_mode=False, data_prop=True)
     except Exception as e:  # noqa: BLE001 - InferenceError, ValidationError, RuntimeError
         return f"shape inference failed ({one_line(e)})"
-    _probe_unknown_dims(bare, inferred)
+    _probe_unknown_dims(bare, inferred, model)
     tensors = g.tensors()
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
         t = tensors.get(vi.name)
@@ -425,53 +425,86 @@ def _infer(ctx: Context) -> str | None:
 
 
 
-#: the values each symbolic input dimension takes in the two probes of :func:`_probe_unknown_dims`
-_PROBES = ((7, 11, 13, 17, 19, 23), (29, 31, 37, 41, 43, 47))
+#: the values the symbolic input dimensions take in the two probes of :func:`_probe_unknown_dims` (small: a
+#: probe may run the model)
+_PROBES = ((2, 3, 5, 7), (3, 4, 6, 8))
 
 
 def _unknown(d) -> bool:
     return not d.HasField("dim_value") and (not d.dim_param or d.dim_param.startswith("unk__"))
 
 
-def _probe_unknown_dims(bare: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+def _probe_unknown_dims(bare: onnx.ModelProto, inferred: onnx.ModelProto, model: onnx.ModelProto) -> None:
     """Dimensions ONNX inference leaves unknown behind a symbolic batch (a ``Reshape(x, [batch, -1, C])``: the
-    ``-1`` needs ``size / batch``, which ONNX cannot divide symbolically), resolved by inferring twice with
-    the input symbols set to numbers: a dimension equal in both probes does not depend on them (the token
-    count of a ViT); one that follows a symbol is that symbol. Written into ``inferred`` in place."""
+    ``-1`` needs ``size / batch``, which ONNX cannot divide symbolically; a Slice whose end is computed from a
+    shape), resolved by probing with the input symbols set to two sets of numbers: by inference where that
+    tells, else by running the model (onnxruntime, Q/DQ in float) on zeros and reading the shapes. A dimension
+    equal in both probes does not depend on the symbols (the token count of a ViT); one that follows a symbol
+    is that symbol. Written into ``inferred`` in place."""
     symbols = sorted({d.dim_param for i in bare.graph.input for d in i.type.tensor_type.shape.dim
                       if d.dim_param and not d.HasField("dim_value")})
     values = list(inferred.graph.value_info) + list(inferred.graph.output)
-    if not symbols or len(symbols) > len(_PROBES[0]) or not any(
-        _unknown(d) for v in values for d in v.type.tensor_type.shape.dim
-    ):
+    unknown = {v.name: v for v in values if any(_unknown(d) for d in v.type.tensor_type.shape.dim)}
+    if not symbols or len(symbols) > len(_PROBES[0]) or not unknown:
         return
-    probes = []
-    for numbers in _PROBES:
-        at = dict(zip(symbols, numbers, strict=False))
-        probe = onnx.ModelProto()
-        probe.CopyFrom(bare)
-        for i in probe.graph.input:
-            for d in i.type.tensor_type.shape.dim:
-                if d.dim_param in at:
-                    d.dim_value = at[d.dim_param]
-        try:
-            out = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
-        except Exception:  # noqa: BLE001 - the symbolic inference's result stands
-            return
-        probes.append({v.name: v.type.tensor_type.shape for v in [*out.graph.value_info, *out.graph.output]})
-        probes[-1]["@"] = at
-    follows = {(probes[0]["@"][k], probes[1]["@"][k]): k for k in symbols}
-    for v in values:
-        for k, d in enumerate(v.type.tensor_type.shape.dim):
-            if not _unknown(d):
+    shapes = [_inferred_probe(bare, dict(zip(symbols, numbers, strict=False))) for numbers in _PROBES]
+    if any(s is None for s in shapes) or any(
+        not _known(shapes[0].get(name)) or not _known(shapes[1].get(name)) for name in unknown
+    ):
+        shapes = [_run_probe(model, dict(zip(symbols, numbers, strict=False)), list(unknown))
+                  for numbers in _PROBES]
+    follows = {(a, b): k for k, a, b in zip(symbols, *_PROBES, strict=False)}
+    for name, v in unknown.items():
+        seen = [s.get(name) if s is not None else None for s in shapes]
+        dims = v.type.tensor_type.shape.dim
+        if any(x is None or len(x) != len(dims) for x in seen):
+            continue
+        for d, a, b in zip(dims, *seen, strict=True):
+            if not _unknown(d) or not isinstance(a, int) or not isinstance(b, int):
                 continue
-            seen = [p.get(v.name) for p in probes]
-            if any(s is None or len(s.dim) != len(v.type.tensor_type.shape.dim) for s in seen):
-                continue
-            a, b = (s.dim[k] for s in seen)
-            if not (a.HasField("dim_value") and b.HasField("dim_value")):
-                continue
-            if a.dim_value == b.dim_value:
-                d.dim_value = a.dim_value
-            elif (a.dim_value, b.dim_value) in follows:
-                d.dim_param = follows[(a.dim_value, b.dim_value)]
+            if a == b:
+                d.dim_value = a
+            elif (a, b) in follows:
+                d.dim_param = follows[(a, b)]
+
+
+def _with_symbols(model: onnx.ModelProto, at: dict[str, int]) -> onnx.ModelProto:
+    """A copy of ``model`` whose input dimensions named in ``at`` are those numbers."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for i in probe.graph.input:
+        for d in i.type.tensor_type.shape.dim:
+            if d.dim_param in at:
+                d.dim_value = at[d.dim_param]
+    return probe
+
+
+def _inferred_probe(bare: onnx.ModelProto, at: dict[str, int]) -> dict[str, list] | None:
+    """Every tensor's inferred shape with the symbols set (None where inference fails)."""
+    try:
+        out = onnx.shape_inference.infer_shapes(_with_symbols(bare, at), strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - the symbolic inference's result stands
+        return None
+    return {
+        v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+        for v in [*out.graph.value_info, *out.graph.output]
+    }
+
+
+def _run_probe(model: onnx.ModelProto, at: dict[str, int], names: list[str]) -> dict[str, list] | None:
+    """The shapes of ``names`` when the model runs on zeros with the symbols set (None if it cannot run)."""
+    from ivit_onnx.models.runtime import ort_session
+
+    probe = _with_symbols(model, at)
+    have = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in have)
+    feeds = {}
+    for i in probe.graph.input:
+        tt = i.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim]
+        feeds[i.name] = np.zeros(dims, onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    try:
+        outs = ort_session(probe).run(names, feeds)
+    except Exception:  # noqa: BLE001 - a model that cannot run on zeros keeps its unknown dimensions
+        return None
+    return {n: list(np.shape(o)) for n, o in zip(names, outs, strict=True)}

@@ -36,11 +36,17 @@ def _attr(node, key: str, default: str) -> str:
 
 
 def _scales(node) -> np.ndarray | None:
-    """The full-rank float scales of a Resize (from ``scales``, or ``sizes / in``), None if not static."""
+    """The full-rank float scales of a Resize (from ``scales``, or ``sizes / in``), None if not static (an
+    axis whose input and output are the same symbol, a batch, is not resized: scale 1)."""
     shape_in, shape_out = node.inputs[0].shape, node.outputs[0].shape
-    if shape_in is None or shape_out is None or not all(isinstance(d, int) for d in [*shape_in, *shape_out]):
+    if shape_in is None or shape_out is None or len(shape_in) != len(shape_out):
         return None
-    full = np.array(shape_out, np.float64) / np.array(shape_in, np.float64)
+    full = np.ones(len(shape_in), np.float64)
+    for d, (a, b) in enumerate(zip(shape_in, shape_out, strict=True)):
+        if isinstance(a, int) and isinstance(b, int):
+            full[d] = b / a
+        elif not (isinstance(a, str) and a == b):
+            return None
     given = const_array(optional_input(node, 2))
     if given is not None and given.size:
         axes = node.attrs.get("axes") or list(range(len(shape_in)))
@@ -61,6 +67,8 @@ def _sizes(node) -> np.ndarray | str:
     if _scales(node) is None:
         return "shapes unknown (not static)"
     axes = list(node.attrs.get("axes") or range(len(shape_in)))
+    if not all(isinstance(shape_out[a], int) for a in axes):
+        return "sizes of a symbolic axis (a batch) unknown (not static)"
     sizes = np.array([shape_out[a] for a in axes], np.int64)
     ratio = np.float32(sizes / np.array([shape_in[a] for a in axes]))
     if not np.array_equal(ratio, scales.astype(np.float32)):

@@ -172,3 +172,4 @@ def test_dimensions_behind_a_symbolic_batch_are_probed():
     assert "N" in str(out.graph.input[0].type.tensor_type.shape)  # the batch stays symbolic
     feeds = {"x": np.random.default_rng(0).standard_normal((3, 4, 16)).astype(np.float32)}
     assert np.max(np.abs(run(out, feeds)[0] - run(fq, feeds)[0])) <= 0.05 + 1e-6
+

@@ -13,9 +13,9 @@ from tests.passes._rules import RNG, declines, lowered
 IMG = RNG.standard_normal((1, 2, 6, 6)).astype(np.float32)
 
 
-def _resize(scales=(1, 1, 2, 1.5), sizes=None, zp: int = 7, out_scale: float = 0.03, **attrs):
+def _resize(scales=(1, 1, 2, 1.5), sizes=None, zp: int = 7, out_scale: float = 0.03, batch=1, **attrs):
     g = G(opset=18)
-    x = g.qdq(g.input("img", [1, 2, 6, 6]), 0.03, zp, np.uint8)
+    x = g.qdq(g.input("img", [batch, 2, 6, 6]), 0.03, zp, np.uint8)
     args = [x, "", g.const(scales)] if sizes is None else [x, "", "", g.const(sizes, np.int64)]
     g.output(g.qdq(g.node("Resize", args, **attrs), out_scale, zp, np.uint8))
     return g.model()
@@ -55,3 +55,11 @@ def test_interpolation_with_dyadic_weights_within_one_output_step(mode, scales, 
 )
 def test_declines_with_the_reason(kwargs, reason):
     declines(_resize(**kwargs), "Resize", reason)
+
+
+def test_interpolation_keeps_a_symbolic_batch():
+    """MobileViT's bilinear upsampling behind a symbolic batch: the batch axis is not resized (scale 1), so
+    the last two axes' matrices are static and the rule applies."""
+    model = _resize(scales=(1, 1, 2, 2), mode="linear", out_scale=0.02, batch="N")
+    out, _ = lowered(model, {"img": np.concatenate([IMG, -IMG])}, 0.02 + 1e-6)
+    assert "Resize" not in op_counts(out)
