@@ -36,7 +36,8 @@ from .rules.layout import PASS_THROUGH
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 #: elementwise ops with numpy broadcasting whose constant operands can be read unexpanded
-_BROADCASTING = ("Add", "Sub", "Mul", "Div", "Where", "Equal", "Less", "Greater", "And", "Or", "Not", "Cast")
+_BROADCASTING = ("Add", "Sub", "Mul", "Div", "Where", "Equal", "Less", "Greater", "And", "Or", "Not", "Cast",
+                 *_QDQ)
 #: folded constants larger than this stay computed at run time (bytes)
 SIZE_LIMIT = 16 << 20
 #: ops that only move or select a constant's elements: a quantized weight read through them stays integers
@@ -135,12 +136,15 @@ class FoldConstants(Pass):
             wide = broadcast(c.shape, shape_value(target) or [None])  # the Expand's output shape
             if wide is None or broadcast(wide, *others) is None:
                 continue
-            if broadcast(c.shape, *others) == broadcast(wide, *others):
+            if node.op not in _QDQ and broadcast(c.shape, *others) == broadcast(wide, *others):
                 node.inputs[i] = c
                 ctx.count(self.name, "Expand of a constant read unexpanded")
                 return True
             consts = [x for j, x in enumerate(node.inputs) if j != i and const_array(x) is not None]
-            if others and len(consts) == len(others) and broadcast(wide, *others) == wide:
+            # a unary op (Cast) and a per-tensor QuantizeLinear/DequantizeLinear move past the Expand too:
+            # BEiT's dynamo export casts an expanded constant mask and quantizes it
+            per_tensor = node.op in _QDQ and all(const_array(x).size == 1 for x in consts)
+            if len(consts) == len(others) and (not others or per_tensor or broadcast(wide, *others) == wide):
                 # f(Expand(C, s), k) == Expand(f(C, k), s) when every k broadcasts into s
                 inner = gs.Variable(f"{node.outputs[0].name}/unexpanded", dtype=node.outputs[0].dtype)
                 args = [c if j == i else x for j, x in enumerate(node.inputs)]

@@ -173,3 +173,20 @@ def test_dimensions_behind_a_symbolic_batch_are_probed():
     feeds = {"x": np.random.default_rng(0).standard_normal((3, 4, 16)).astype(np.float32)}
     assert np.max(np.abs(run(out, feeds)[0] - run(fq, feeds)[0])) <= 0.05 + 1e-6
 
+
+
+def test_expanded_constant_moves_past_cast_and_its_quantize():
+    """BEiT's dynamo export: ``Q(Cast(Expand(bool constant, shape of x)))`` with a symbolic batch. The Expand
+    moves after the Cast and the per-tensor QuantizeLinear, which then fold: no float tensor is left."""
+    from tests.graphs import run
+
+    g = G()
+    x = g.qdq(g.input("x", ["N", 4]), 0.05)
+    wide = g.node("Expand", [g.const([[True, False, True, True]], np.bool_), g.node("Shape", [x])])
+    bias = g.qdq(g.node("Cast", [wide], to=TensorProto.FLOAT), 1 / 127)
+    g.output(g.qdq(g.node("Add", [x, bias]), 0.05))
+    fq = g.model()
+    out, report = rewrite(fq)
+    assert report.counts["fold_constants"].get("Expand moved after its constant operands", 0) >= 2
+    feeds = {"x": np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)}
+    assert np.max(np.abs(run(out, feeds)[0] - run(fq, feeds)[0])) <= 0.05 + 1e-6
