@@ -43,7 +43,7 @@ def _fit_int32(lw: Lowerer, a_in, b_in, k: int):
     need_a, need_b = (max(1, int(x.bound).bit_length()) for x in (a, b))
     bits_a = min(need_a, max(budget - need_b, budget // 2))
     bits_b = min(need_b, budget - bits_a)
-    lw.ctx.count("lower_integer", "MatMul operands narrowed to fit int32")
+    lw.ctx.count("lower_integer", "operands narrowed to fit int32")
     return _narrowed(lw, *a_in, bits_a), _narrowed(lw, *b_in, bits_b)
 
 

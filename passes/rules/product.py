@@ -33,6 +33,7 @@ from ivit_onnx.dyadic import multiplier_bits
 
 from ..pattern import Op, Rule
 from .elementwise import ScaleByConst, _scaling
+from .linear import _fit_int32
 from .lowerer import Lowerer, Outcome
 
 _I32 = np.dtype(np.int32)
@@ -120,15 +121,7 @@ class Product(Rule):
             if self._quantized_k(lw, node, a, const[1]) and a.bound * 32767 > INT32_MAX:
                 return f"input '{const[0].name}' ({a.describe()}) times an int16 constant may exceed int32"
             return None
-        got = _tensors(lw, node)
-        if got is not None:
-            (_, a), (_, b) = got
-            if a.bound * b.bound > INT32_MAX:
-                x, y = node.inputs
-                return (
-                    f"the product of '{x.name}' ({a.describe()}) and '{y.name}' ({b.describe()}) may exceed "
-                    f"int32 (bounds {a.bound} x {b.bound}): quantize both to at most 16 bits"
-                )
+        if _tensors(lw, node) is not None:  # operands too wide for an int32 product are narrowed first
             return None
         if node.op == "Div" and lw.get(node.inputs[1]) is not None:
             return f"divisor '{node.inputs[1].name}' is not a constant: no integer division"
@@ -174,6 +167,10 @@ class Product(Rule):
         lw.set(out, lw.rescale(it, a, sign, np.zeros(sign.shape, np.int64), t, "sign"), t)
 
     def _of_tensors(self, lw: Lowerer, node: gs.Node, x, y) -> None:
+        # an int32 accumulator left unquantized (NNCF's rotary q/k projections) times a table could wrap:
+        # the operands are requantized to the widths whose product fits int32 (the same real range, at most
+        # 2**-(bits-1) of it lost), as a GEMM's operands are
+        x, y = _fit_int32(lw, x, y, 1)
         (ia, a), (ib, b) = _int32(lw, *x), _int32(lw, *y)
         out = node.outputs[0]
         p = lw.node("Mul", [ia, ib], np.int32, "product", shape=out.shape)

@@ -231,14 +231,10 @@ class TokenMaskedAdd(Rule):
         scores, mask = _scores_and_mask(lw, m.root)
         if scores is None:
             return "not integer scores plus a token mask"
-        softmax = softmax_after(m.root.outputs[0])
-        if softmax is None:
-            return "the sum does not reach a last-axis Softmax through reshapes"
-        a = _symmetric_int32(lw.get(scores)[1])
-        try:
-            _, _, bits = fill_type(a, *softmax_context(lw, softmax))
-        except MaskError as e:
-            return str(e)
+        got = _softmax_bits(lw, scores, m.root, "the sum")
+        if isinstance(got, str):
+            return got
+        a, bits = got
         if float(mask.off) - float(mask.on) > -threshold(a, bits):
             return f"token mask values {mask.on:g} (kept) and {mask.off:g} (masked) do not mask the softmax"
         return None
@@ -251,6 +247,20 @@ class TokenMaskedAdd(Rule):
         out.shape = m.root.outputs[0].shape
         lw.set(m.root.outputs[0], out, t)  # masked_scores counts it ("attention mask (Where)")
         return Outcome.HANDLED
+
+
+def _softmax_bits(lw, scores: gs.Tensor, node: gs.Node, what: str) -> tuple[Affine, int] | str:
+    """The symmetric int32 type of ``scores`` and the probability bits of the Softmax that ``node``'s output
+    reaches, or why there is none (``what`` names the output in the reason)."""
+    softmax = softmax_after(node.outputs[0])
+    if softmax is None:
+        return f"{what} does not reach a last-axis Softmax through reshapes"
+    a = _symmetric_int32(lw.get(scores)[1])
+    try:
+        _, _, bits = fill_type(a, *softmax_context(lw, softmax))
+    except MaskError as e:
+        return str(e)
+    return a, bits
 
 
 def _where_parts(lw, node: gs.Node):
@@ -282,14 +292,10 @@ class TokenMaskedWhere(Rule):
             return "not a scalar constant fill and integer scores"
         if bool(src.on) == bool(src.off):
             return "the condition does not depend on the mask"
-        softmax = softmax_after(m.root.outputs[0])
-        if softmax is None:
-            return "the masked scores do not reach a last-axis Softmax through reshapes"
-        a = _symmetric_int32(lw.get(scores)[1])
-        try:
-            _, _, bits = fill_type(a, *softmax_context(lw, softmax))
-        except MaskError as e:
-            return str(e)
+        got = _softmax_bits(lw, scores, m.root, "the masked scores")
+        if isinstance(got, str):
+            return got
+        a, bits = got
         if float(fill) > -threshold(a, bits):
             return f"fill value {fill:g} does not mask the softmax (above {-threshold(a, bits):.3g})"
         return None
