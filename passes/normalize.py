@@ -78,7 +78,8 @@ def _infinite_scale(node: gs.Node, where: str, name: str, scale: np.ndarray) -> 
     computes NaN there; the fix is to leave the op that makes that tensor unquantized."""
     src = node.inputs[0].inputs[0] if node.inputs and node.inputs[0].inputs else None
     op = src if src is not None and src.op != "QuantizeLinear" else None
-    culprit = f"{node_label(op)}, which makes tensor '{node.inputs[0].name}'" if op else f"tensor '{name}'"
+    data = node.inputs[0].name if node.inputs else name
+    culprit = f"{node_label(op)}, which makes tensor '{data}'" if op else f"tensor '{data}'"
     exclude = f"'{op.name}'" if op is not None and op.name else "that node"
     return (
         f"{where}: scale '{name}' is not finite ({scale.ravel()[:4]}): the quantizer calibrated it on values "
