@@ -66,6 +66,13 @@ _SHORT_TEXT = dict(_TRAIN, epochs=8, lr=3e-3)
 _DISTILBERT = dict(vocab_size=TEXT_VOCAB, max_position_embeddings=SEQ, num_labels=3)
 _DISTILBERT.update(n_layers=2, n_heads=2, dim=32, hidden_dim=64)
 
+#: CLIP's and SigLIP's config: the vision tower classifies; the text tower's config is required but unused
+_TWO_TOWERS = dict(
+    vision_config=dict(_IMAGE_ENCODER, num_labels=2),
+    text_config=dict(_ENCODER, vocab_size=TEXT_VOCAB, max_position_embeddings=SEQ),
+    num_labels=10,
+)
+
 SPECS = {
     "vit": Family("ViTConfig", "ViTForImageClassification", _IMAGE_ENCODER, train=_TRAIN),
     "deit": Family(
@@ -111,24 +118,8 @@ SPECS = {
     ),
     # CLIPForImageClassification: the vision tower (quick_gelu, pre-LayerNorm) and a linear head on the mean
     # of the patch tokens; the text tower's config is required but the tower is not built
-    "clip": Family(
-        "CLIPConfig", "CLIPForImageClassification",
-        dict(
-            vision_config=dict(_IMAGE_ENCODER, num_labels=2),
-            text_config=dict(_ENCODER, vocab_size=TEXT_VOCAB, max_position_embeddings=SEQ),
-            num_labels=10,
-        ),
-        train=_SHORT,
-    ),
-    "siglip": Family(
-        "SiglipConfig", "SiglipForImageClassification",
-        dict(
-            vision_config=dict(_IMAGE_ENCODER, num_labels=2),
-            text_config=dict(_ENCODER, vocab_size=TEXT_VOCAB, max_position_embeddings=SEQ),
-            num_labels=10,
-        ),
-        train=_SHORT,
-    ),
+    "clip": Family("CLIPConfig", "CLIPForImageClassification", _TWO_TOWERS, train=_SHORT),
+    "siglip": Family("SiglipConfig", "SiglipForImageClassification", _TWO_TOWERS, train=_SHORT),
     # ViTMAE's encoder with mask_ratio 0 and a linear head on its CLS token (no HF head exists). Its
     # embeddings shuffle the patches with torch.rand noise even in eval mode (exported as RandomUniformLike,
     # TopK, GatherElements); with nothing masked the shuffle is a permutation of the patch tokens (their
