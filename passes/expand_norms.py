@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ivit_onnx.graph import const_array, node_label
+from ivit_onnx.graph import const_array, constant, node_label
 from ivit_onnx.pipeline import Context, Pass
 
 
@@ -58,7 +58,7 @@ class ExpandNorms(Pass):
         back = gs.Variable(f"{name}/unrows", dtype=x.dtype, shape=x.shape)
         scaled = gs.Variable(f"{name}/scaled", dtype=x.dtype, shape=x.shape)
         k = [1, channels] + [1] * (rank - 2)
-        c = lambda key, v: gs.Constant(f"{name}/{key}", np.ascontiguousarray(v))  # noqa: E731
+        c = lambda key, v: constant(f"{name}/{key}", v)  # noqa: E731
         new = [
             gs.Node("Reshape", f"{name}/to_rows", {}, [x, c("rows_shape", np.array([0, groups, -1]))],
                     [rows]),

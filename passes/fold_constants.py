@@ -429,9 +429,10 @@ def _infer(ctx: Context) -> str | None:
 
 
 
-#: the values the symbolic input dimensions take in the two probes of :func:`_probe_unknown_dims` (small: a
-#: probe may run the model)
-_PROBES = ((2, 3, 5, 7), (3, 4, 6, 8))
+#: the values the symbolic input dimensions take in the two probes of :func:`_probe_unknown_dims`: primes
+#: small enough to run the model at, and no symbol's pair is another's plus a constant or times an integer
+#: (with (2, 3) and (3, 4), ``batch + 1`` would read as the second symbol)
+_PROBES = ((2, 3, 5, 7), (13, 19, 29, 41))
 
 
 def _unknown(d) -> bool:

@@ -64,7 +64,7 @@ def _scalar_params(node: gs.Node, scalars: dict[str, gs.Constant]) -> bool:
         v = const_array(t) if t is not None and t.name else None
         if v is not None and v.size == 1 and v.ndim > 0:
             if t.name not in scalars:  # one scalar per shared parameter
-                scalars[t.name] = gs.Constant(f"{t.name}_scalar", v.reshape(()).copy())
+                scalars[t.name] = constant(f"{t.name}_scalar", v.reshape(()))
             node.inputs[i] = scalars[t.name]
             changed = True
     if changed:

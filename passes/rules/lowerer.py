@@ -17,7 +17,7 @@ from ivit_onnx import qparams
 from ivit_onnx.affine import Affine, dtype_range
 from ivit_onnx.dyadic import DyadicError, dyadic_array, relative_error
 from ivit_onnx.errors import ConversionError
-from ivit_onnx.graph import const_array, dequantized_const, node_label
+from ivit_onnx.graph import const_array, constant, dequantized_const, node_label
 from ivit_onnx.opset import DOMAIN, OPS
 from ivit_onnx.pipeline import Context
 
@@ -251,10 +251,10 @@ class Lowerer:
         # DequantizeLinear writes its scale's type; other than float32 only from opset 19 (else a Cast after)
         sdt = fdt if self.ctx.opset >= 19 else np.dtype(np.float32)
         deq = out if sdt == fdt else gs.Variable(self.fresh("dequant_f32"), dtype=sdt)
-        # scalars stay 0-d (``const`` would make them 1-d): onnxruntime fuses an island's DQ → op → Q into
-        # QLinear ops that take scalar scales and zero points only
+        # scalars stay 0-d (``graph.constant``; ``const`` would make them 1-d): onnxruntime fuses an island's
+        # DQ → op → Q into QLinear ops that take scalar scales and zero points only
         scale = scale.astype(sdt).reshape(zp.shape)
-        inputs = [it, *(gs.Constant(self.fresh(k), v.copy()) for k, v in (("scale", scale), ("zp", zp)))]
+        inputs = [it, constant(self.fresh("scale"), scale), constant(self.fresh("zp"), zp)]
         self.g.nodes.append(
             gs.Node("DequantizeLinear", name=self.fresh("dequant"), attrs=attrs, inputs=inputs, outputs=[deq])
         )
