@@ -498,8 +498,6 @@ def _inferred_probe(bare: onnx.ModelProto, at: dict[str, int]) -> dict[str, list
 
 def _run_probe(model: onnx.ModelProto, at: dict[str, int], names: list[str]) -> dict[str, list] | None:
     """The shapes of ``names`` when the model runs on zeros with the symbols set (None if it cannot run)."""
-    from ivit_onnx.models.runtime import ort_session
-
     probe = _with_symbols(model, at)
     have = {o.name for o in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in have)
