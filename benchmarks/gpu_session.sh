@@ -20,15 +20,21 @@ stage)
   cp .dev1/tvm.part.* /tmp/ && ls -la /tmp/tvm.part.* ;;
 go)
   cp .dev2/tvm.part.* /tmp/ && cat /tmp/tvm.part.* > "/tmp/$(cat .dev2/tvm.name)"
-  pip install -q --no-index --no-deps --target /tmp/site "/tmp/$(cat .dev2/tvm.name)" .dev2/*.whl
-  pip install -q --no-deps --no-build-isolation --target /tmp/site .
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site "/tmp/$(cat .dev2/tvm.name)" .dev2/*.whl
+  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site .
   rm -rf ivit_onnx  # the tree's copy would shadow the installed one (and its built library)
   export PYTHONPATH=/tmp/site:$PWD/tests/tvm
+  export PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
-  python -m pytest -q -m gpu tests/tvm tests/e2e -p no:cacheprovider 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
-  python benchmarks/bench_tvm.py --target cuda --json "$OUT/cuda8.json" --kernels-out "$OUT/k8.md"
-  python benchmarks/bench_tvm.py --target cuda --batch 64 --json "$OUT/cuda64.json"
-  python benchmarks/bench_tvm.py --target cuda --cuda-graph --json "$OUT/cuda8_graph.json" ;;
+  # most important first, each step bounded, so one slow step cannot take the others' results with it
+  timeout 240 python3 benchmarks/bench_tvm.py --target cuda --json "$OUT/cuda8.json" --kernels-out "$OUT/k8.md" \
+    2>&1 | tee "$OUT/cuda8.txt" || true
+  timeout 150 python3 benchmarks/bench_tvm.py --target cuda --batch 64 --json "$OUT/cuda64.json" \
+    2>&1 | tee "$OUT/cuda64.txt" || true
+  timeout 150 python3 -m pytest -q -m gpu tests/tvm tests/e2e -p no:cacheprovider 2>&1 | tail -30 \
+    | tee "$OUT/gpu_tests.txt" || true
+  timeout 120 python3 benchmarks/bench_tvm.py --target cuda --cuda-graph --json "$OUT/cuda8_graph.json" \
+    2>&1 | tail -20 || true ;;
 *)
   echo "usage: $0 prepare|stage|go" >&2; exit 2 ;;
 esac
