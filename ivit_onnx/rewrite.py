@@ -38,6 +38,10 @@ def rewrite(
         _check(out)
         if not options.get("allow_float"):
             _certify(out)
+        if report.notes.get("fixed_random"):
+            from .passes.fix_random import check_draws_ignored
+
+            check_draws_ignored(out, report.notes["fixed_random"])
     if output is not None:
         save_model(out, output, external_data)
     return out, report

@@ -124,7 +124,7 @@ SPECS = {
     # embeddings shuffle the patches with torch.rand noise even in eval mode (exported as RandomUniformLike,
     # TopK, GatherElements); with nothing masked the shuffle is a permutation of the patch tokens (their
     # position embeddings added before it), which the encoder and the CLS token are invariant to: the logits
-    # are deterministic up to float summation order (test_hf checks two runs)
+    # are deterministic up to float summation order (test_hf checks two runs); passes/fix_random.py fixes it
     "vitmae": Family(
         "ViTMAEConfig", "ViTMAEModel", dict(_IMAGE_ENCODER, mask_ratio=0.0), train=dict(_SHORT, epochs=16),
         head=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .attach_functions import AttachFunctions
 from .expand_norms import ExpandNorms
 from .finalize import Finalize
+from .fix_random import FixRandom
 from .fold_constants import FoldConstants
 from .fuse_gelu import FuseGelu
 from .fuse_l2norm import FuseL2Norm
@@ -16,6 +17,7 @@ from .normalize import Normalize
 #: the converter's passes, in order (``Pipeline.default()`` instantiates them)
 PASSES = (
     FoldConstants,
+    FixRandom,
     Normalize,
     ExpandNorms,
     FuseGelu,
@@ -29,8 +31,8 @@ PASSES = (
 
 
 def default_passes():
-    """fold_constants → normalize → expand_norms → fuse_gelu → fuse_layernorm → fuse_l2norm → fuse_softmax →
-    lower_integer → attach_functions → finalize."""
+    """fold_constants → fix_random → normalize → expand_norms → fuse_gelu → fuse_layernorm → fuse_l2norm →
+    fuse_softmax → lower_integer → attach_functions → finalize."""
     return [p() for p in PASSES]
 
 

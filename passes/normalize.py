@@ -36,9 +36,10 @@ REFUSED = {
     "QGemm": "QOperator format; export in QDQ format (QuantizeLinear/DequantizeLinear pairs)",
     "QAttention": "QOperator format; export in QDQ format (QuantizeLinear/DequantizeLinear pairs)",
     **{
-        op: "random numbers drawn at run time have no integer value, and the fake-quant model differs run "
-        "to run there (ViTMAE shuffles its patches with them): export with that tensor fixed (ViTMAE: "
-        "noise=) or deploy the weights in a class without it (MAE weights load into ViTModel)"
+        op: "random numbers drawn at run time and read as numbers have no integer value, and the fake-quant "
+        "model differs run to run there (a shuffle by their order is fixed when the outputs ignore it): "
+        "export with that tensor fixed (ViTMAE: noise=) or deploy the weights in a class without it (MAE "
+        "weights load into ViTModel)"
         for op in ("RandomUniformLike", "RandomUniform", "RandomNormalLike", "RandomNormal", "Bernoulli",
                    "Multinomial")
     },

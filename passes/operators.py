@@ -86,10 +86,14 @@ def fused_ops() -> dict[str, str]:
 
 
 def expanded_ops() -> dict[str, str]:
-    """op -> the pass that rewrites it into operators with rules (a pass's ``ops``)."""
+    """op -> how a pass rewrites it into operators with rules (a pass's ``ops``, and its ``ops_how`` or the
+    default sentence)."""
     from ivit_onnx.pipeline import Pipeline
 
-    return {op: p.name for p in Pipeline.default().passes for op in getattr(p, "ops", ())}
+    return {
+        op: getattr(p, "ops_how", f"`passes/{p.name}.py` rewrites it into operators with rules")
+        for p in Pipeline.default().passes for op in getattr(p, "ops", ())
+    }
 
 
 def _rule_names(rule, op: str) -> str:
@@ -109,7 +113,7 @@ def table() -> list[tuple[str, str, str]]:
     rows = []
     for op in onnx_operators():
         if op in expanded:
-            rows.append((op, "expanded", f"`passes/{expanded[op]}.py` rewrites it into operators with rules"))
+            rows.append((op, "expanded", expanded[op]))
         elif op in RULES:
             rows.append((op, "rule", _rule_names(RULES[op], op)))
         elif op in REFUSED:

@@ -20,6 +20,7 @@ class CountMatMuls(Pass):
 def test_default_order():
     assert Pipeline.default().names == [
         "fold_constants",
+        "fix_random",
         "normalize",
         "expand_norms",
         "fuse_gelu",
