@@ -1,5 +1,5 @@
 """Elementwise functions with no shift-based kernel (Tanh, Sigmoid, Erf, HardSigmoid, HardSwish, SiLU's
-parts, Softplus, Elu, ...) as a table lookup.
+parts, Softplus, Elu, Sin/Cos, Exp/Log/Sqrt, Pow by a constant, ...) as a table lookup.
 
 An 8- or 16-bit input takes at most 65536 values, so ``Q(f(DQ(q)))`` is a table of the output type indexed by
 ``q``: ``Gather(table, int32(q) - qmin)``, integer-only and equal to the fake-quant model: the table is the
@@ -31,6 +31,10 @@ from .lowerer import Lowerer, Outcome
 FUNCTIONS = (
     "Tanh", "Sigmoid", "Erf", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Elu", "Selu", "Celu",
     "ThresholdedRelu", "Mish",
+    # the rest of ONNX's elementwise math of one tensor (Pow: a constant exponent), NaN on the input's range
+    # declined: the position and frequency functions of audio and rotary encoders, Exp/Log/Sqrt left unfused
+    "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Atanh",
+    "Exp", "Log", "Sqrt", "Reciprocal", "Pow", "Round", "Floor", "Ceil", "Sign",
 )  # fmt: skip
 
 
@@ -94,22 +98,23 @@ def fake_quant(lw: Lowerer, node: gs.Node, a: Affine, t: Affine | None) -> tuple
         ]
         nodes.append(helper.make_node("QuantizeLinear", ["y", "s_out", "zp_out"], ["yq"]))
         out, odt = "yq", ttype(t.dtype)
-    graph = helper.make_graph(
-        nodes,
-        "table",
-        [helper.make_tensor_value_info("q", ttype(a.dtype), [q.size])],
-        [helper.make_tensor_value_info(out, odt, [q.size])],
-        inits,
-    )
+    outputs = [helper.make_tensor_value_info(out, odt, [q.size])]
+    if out != "y":  # the float values too: a NaN has no quantized value to agree on
+        outputs.append(helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [q.size]))
+    graph = helper.make_graph(nodes, "table", [helper.make_tensor_value_info("q", ttype(a.dtype), [q.size])],
+                              outputs, inits)
     opset = max(_TABLE_OPSET, lw.ctx.opset)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     opts = ort.SessionOptions()
     simulate_qdq(opts)
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    y = sess.run(None, {"q": q.astype(a.dtype)})[0]
-    if t is None and not np.all(np.isfinite(y)):
+    res = sess.run(None, {"q": q.astype(a.dtype)})
+    if np.any(np.isnan(res[-1])):
+        bad = float(((q[np.isnan(res[-1])][0]) - a.zero_point) * a.scale)
+        raise ValueError(f"{node.op} is NaN on the input's range (at {bad:g}): it has no integer value there")
+    if t is None and not np.all(np.isfinite(res[0])):
         raise ValueError(f"{node.op} is not finite on the input's range")
-    return q, y
+    return q, res[0]
 
 
 def own_type(y: np.ndarray) -> Affine:
@@ -154,6 +159,9 @@ class TableLookup(Rule):
     def check(self, lw: Lowerer, m) -> str | None:
         x = m.root.inputs[0]
         why = lw.missing(x)
+        other = next((c for c in m.root.inputs[1:] if c.name and dequantized_const(c) is None), None)
+        if why is None and other is not None:
+            return f"input '{other.name}' is not a constant (a table is a function of one tensor)"
         if why is None and not tabulable(lw, x) and m.root.op not in SATURATES:
             a = lw.get(x)[1]
             return (

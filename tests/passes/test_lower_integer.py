@@ -99,24 +99,24 @@ def test_int8_graph_input():
 def _island():
     g = G()
     x = g.qdq(g.input("x", [2, 6, 16]), 0.03)
-    g.output(g.qdq(g.node("Sin", [x]), 0.01))
+    g.output(g.qdq(g.node("Hardmax", [x]), 0.01))
     return g.model()
 
 
 def test_float_island_strict_names_the_node():
-    with pytest.raises(ConversionError, match=r"Sin '.*'.*--allow-float"):
+    with pytest.raises(ConversionError, match=r"Hardmax '.*'.*--allow-float"):
         rewrite(_island())
 
 
 def test_node_without_a_rule_is_declined_with_the_reason():
-    declines(_island(), "Sin", "no integer rule for Sin")
+    declines(_island(), "Hardmax", "no integer rule for Hardmax")
 
 
 def test_float_island_allowed_is_reported_and_runs():
     fq = _island()
     out, report = rewrite(fq, allow_float=True)
-    assert len(report.notes["float_islands"]) == 1 and "Sin" in report.notes["float_islands"][0]
-    assert any("Sin" in o.node for o in float_offenders(out))
+    assert len(report.notes["float_islands"]) == 1 and "Hardmax" in report.notes["float_islands"][0]
+    assert any("Hardmax" in o.node for o in float_offenders(out))
     np.testing.assert_allclose(run(out, {"x": X})[0], run(fq, {"x": X})[0], atol=1e-6)
 
 

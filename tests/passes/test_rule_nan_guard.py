@@ -29,6 +29,6 @@ def test_guard_of_an_integer_softmax_is_the_softmax(quantized_softmax):
 def test_guard_of_a_float_tensor_is_an_island():
     g = G()
     x = g.qdq(g.input("x", ["N", 6, 16]), 0.05)
-    y = g.node("Sin", [x])
+    y = g.node("Hardmax", [x])
     g.output(g.qdq(g.node("Where", [g.node("IsNaN", [y]), g.const(0.0), y]), 1 / 128))
     declines(g.model(), "Where", "condition is not IsNaN of an integer tensor")
