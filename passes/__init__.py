@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .attach_functions import AttachFunctions
+from .expand_einsum import ExpandEinsum
 from .expand_norms import ExpandNorms
 from .finalize import Finalize
 from .fix_random import FixRandom
@@ -20,6 +21,7 @@ PASSES = (
     FixRandom,
     Normalize,
     ExpandNorms,
+    ExpandEinsum,
     FuseGelu,
     FuseLayerNorm,
     FuseL2Norm,
@@ -31,8 +33,8 @@ PASSES = (
 
 
 def default_passes():
-    """fold_constants → fix_random → normalize → expand_norms → fuse_gelu → fuse_layernorm → fuse_l2norm →
-    fuse_softmax → lower_integer → attach_functions → finalize."""
+    """fold_constants → fix_random → normalize → expand_norms → expand_einsum → fuse_gelu → fuse_layernorm →
+    fuse_l2norm → fuse_softmax → lower_integer → attach_functions → finalize."""
     return [p() for p in PASSES]
 
 

@@ -23,6 +23,7 @@ def test_default_order():
         "fix_random",
         "normalize",
         "expand_norms",
+        "expand_einsum",
         "fuse_gelu",
         "fuse_layernorm",
         "fuse_l2norm",
