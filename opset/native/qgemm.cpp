@@ -1,0 +1,370 @@
+// QGemm's kernels (qgemm.h): the 8-bit GEMM, exact by construction on every path, with the Requantize epilogue
+// applied to each tile while it is in L1, so no int32 accumulator goes to memory.
+//
+// Every path computes dot[m, n] = sum_k a'[m, k] * w[k, n] in int32 (mod 2**32), a' being A as that path
+// encodes it, and the epilogue turns it into MatMulInteger's accumulator, also mod 2**32:
+//   acc = dot - zb[n] * rowsum(a'[m]) - (za' * colsum(w[:, n]) - K * za' * zb[n]),
+// the sum of (a' - za') * (w - zb) expanded (a' - za' = a - za). No path can saturate:
+//   * portable: int32 products of int16 values, summed with wrap-around (-fwrapv);
+//   * AVX2: vpmaddwd on int16 pairs (a' = A sign- or zero-extended, za' = za): a pair sums to at most
+//     2 * 255 * 128 < 2**31, then vpaddd wraps;
+//   * AVX-512 VNNI: vpdpbusd, uint8 x int8 (a' = A for uint8, A + 128 for int8, za' likewise): four products of
+//     at most 255 * 128 summed into int32 (vpdpbusd, not the saturating vpdpbusds).
+// B is packed once, at creation: for portable and AVX2 as int16 pairs in tiles of 16 columns
+// ([K/2][16][2]), for VNNI as 4-byte groups in tiles of 32 columns ([K/4][32][4]); K padded with zeros.
+// Rows are split in chunks over the caller's pool (parallel.h) or over `threads` threads.
+
+#include "qgemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "parallel.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define IVIT_QGEMM_X86 1
+#include <immintrin.h>
+#define IVIT_T_AVX2 __attribute__((target("avx2")))
+#define IVIT_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#else
+#define IVIT_QGEMM_X86 0
+#endif
+
+namespace {
+
+using i64 = int64_t;
+enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3 };
+enum Out : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
+
+std::atomic<int> g_refused{0};  // bit per path the self-check refused (never picked by AUTO)
+
+bool cpu_has(int isa) {
+  if (isa == PORTABLE) return true;
+#if IVIT_QGEMM_X86
+  __builtin_cpu_init();
+  if (isa == AVX2) return __builtin_cpu_supports("avx2");
+  if (isa == VNNI)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+#endif
+  return false;
+}
+
+// The path AUTO means: IVIT_GEMM_ISA if set, else the best one this CPU has that the self-check did not refuse.
+int pick(int isa) {
+  if (isa != AUTO) return isa;
+  const char* env = std::getenv("IVIT_GEMM_ISA");
+  if (env && *env) {
+    if (!std::strcmp(env, "portable")) return PORTABLE;
+    if (!std::strcmp(env, "avx2")) return AVX2;
+    if (!std::strcmp(env, "vnni")) return VNNI;
+    return -1;
+  }
+  for (int p : {VNNI, AVX2})
+    if (cpu_has(p) && !(g_refused.load() & (1 << p))) return p;
+  return PORTABLE;
+}
+
+struct Layout {
+  int nr, kstep, mr;  // columns per tile, k per group, rows per micro-kernel call
+};
+Layout layout(int isa) { return isa == VNNI ? Layout{32, 4, 8} : Layout{16, 2, isa == AVX2 ? 6 : 4}; }
+
+struct QGemm {
+  int isa, a_code, out_code;
+  i64 k, n, kp, tiles, za_enc, zy, qmin, qmax;
+  Layout lay;
+  std::vector<int16_t> b16;  // portable, AVX2
+  std::vector<int8_t> b8;    // VNNI
+  std::vector<int32_t> zb, corr, table;  // per column: zb, za' * colsum - K * za' * zb (mod 2**32)
+  std::vector<i64> zx, mult, half, shift;
+};
+
+// ------------------------------------------------------------------------------------------- micro-kernels
+// out[r * nr + j] = sum over the packed k of a[r * kp + k] * tile[k][j], for the lay.mr rows of a.
+
+template <int MR>
+void micro_portable(const int16_t* a, i64 kp, const int16_t* b, int32_t* out) {
+  int32_t acc[MR][16] = {};
+  for (i64 k = 0; k < kp; k += 2, b += 32)
+    for (int r = 0; r < MR; ++r) {
+      const int32_t a0 = a[r * kp + k], a1 = a[r * kp + k + 1];
+      for (int j = 0; j < 16; ++j) acc[r][j] += a0 * b[2 * j] + a1 * b[2 * j + 1];
+    }
+  std::memcpy(out, acc, sizeof(acc));
+}
+
+#if IVIT_QGEMM_X86
+template <int MR>
+IVIT_T_AVX2 void micro_avx2(const int16_t* a, i64 kp, const int16_t* b, int32_t* out) {
+  __m256i acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  for (i64 k = 0; k < kp; k += 2, b += 32) {
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * kp + k, 4);
+      const __m256i av = _mm256_set1_epi32(pair);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(av, b0));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(av, b1));
+    }
+  }
+  for (int r = 0; r < MR; ++r) {  // lanes hold columns 0..7 of b0 and 8..15 of b1: the packing's order
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 16), acc[r][0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 16 + 8), acc[r][1]);
+  }
+}
+
+template <int MR>
+IVIT_T_VNNI void micro_vnni(const uint8_t* a, i64 kp, const int8_t* b, int32_t* out) {
+  __m512i acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  for (i64 k = 0; k < kp; k += 4, b += 128) {
+    const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64);
+    for (int r = 0; r < MR; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, a + r * kp + k, 4);
+      const __m512i av = _mm512_set1_epi32(quad);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], av, b0);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], av, b1);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm512_storeu_si512(out + r * 32, acc[r][0]);
+    _mm512_storeu_si512(out + r * 32 + 16, acc[r][1]);
+  }
+}
+#endif
+
+// ------------------------------------------------------------------------------------------------ epilogue
+
+// y[j] for the columns n0..n0+cols of one row: the accumulator from dot (see the top), then Requantize
+// (and the table)
+template <class TO>
+void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* y) {
+  const i64 lo = g.qmin, hi = g.qmax;
+  for (i64 j = 0; j < cols; ++j) {
+    const i64 n = n0 + j;
+    const uint32_t acc = static_cast<uint32_t>(dot[j]) - static_cast<uint32_t>(g.zb[n]) * static_cast<uint32_t>(rowsum) -
+                         static_cast<uint32_t>(g.corr[n]);
+    const i64 t = (static_cast<i64>(static_cast<int32_t>(acc)) - g.zx[n]) * g.mult[n];
+    i64 v = ((t + g.half[n]) >> g.shift[n]) + g.zy;
+    v = v < lo ? lo : (v > hi ? hi : v);
+    y[j] = static_cast<TO>(g.table.empty() ? v : g.table[v - lo]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------- driver
+
+constexpr i64 MC = 48;  // rows per task: a multiple of every lay.mr (4, 6, 8)
+
+template <class TO>
+void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
+  const Layout L = g.lay;
+  const i64 kp = g.kp, rows = m1 - m0, padded = (rows + L.mr - 1) / L.mr * L.mr;
+  thread_local std::vector<int16_t> a16;
+  thread_local std::vector<uint8_t> a8;
+  int32_t rowsum[MC];
+  alignas(64) int32_t tile[8 * 32];
+  // pack the rows of A as the path wants them (zero rows and zero k past the end) and sum them
+  const bool vnni = g.isa == VNNI;
+  if (vnni) a8.assign(padded * kp, 0); else a16.assign(padded * kp, 0);
+  for (i64 r = 0; r < rows; ++r) {
+    int32_t s = 0;
+    if (g.a_code == 0) {
+      const int8_t* src = static_cast<const int8_t*>(a_raw) + (m0 + r) * g.k;
+      if (vnni)
+        for (i64 k = 0; k < g.k; ++k) s += a8[r * kp + k] = static_cast<uint8_t>(src[k] + 128);
+      else
+        for (i64 k = 0; k < g.k; ++k) s += a16[r * kp + k] = src[k];
+    } else {
+      const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * g.k;
+      if (vnni)
+        for (i64 k = 0; k < g.k; ++k) s += a8[r * kp + k] = src[k];
+      else
+        for (i64 k = 0; k < g.k; ++k) s += a16[r * kp + k] = src[k];
+    }
+    rowsum[r] = s;
+  }
+  for (i64 t = 0; t < g.tiles; ++t) {
+    const i64 n0 = t * L.nr, cols = std::min<i64>(L.nr, g.n - n0);
+    for (i64 r0 = 0; r0 < padded; r0 += L.mr) {
+      switch (g.isa) {
+#if IVIT_QGEMM_X86
+        case VNNI: micro_vnni<8>(a8.data() + r0 * kp, kp, g.b8.data() + t * kp * 32, tile); break;
+        case AVX2: micro_avx2<6>(a16.data() + r0 * kp, kp, g.b16.data() + t * kp * 16, tile); break;
+#endif
+        default: micro_portable<4>(a16.data() + r0 * kp, kp, g.b16.data() + t * kp * 16, tile); break;
+      }
+      for (i64 r = r0; r < std::min(r0 + L.mr, rows); ++r)
+        epilogue(g, tile + (r - r0) * L.nr, rowsum[r], n0, cols, y + (m0 + r) * g.n + n0);
+    }
+  }
+}
+
+template <class TO>
+void run_all(const QGemm& g, const void* a, i64 rows, TO* y, int threads) {
+  const i64 chunks = (rows + MC - 1) / MC;
+  struct Task {
+    const QGemm* g;
+    const void* a;
+    i64 rows;
+    TO* y;
+  } task{&g, a, rows, y};
+  auto one = [](void* data, size_t c) {
+    const Task& t = *static_cast<Task*>(data);
+    const i64 m0 = static_cast<i64>(c) * MC;
+    run_chunk(*t.g, t.a, m0, std::min(t.rows, m0 + MC), t.y);
+  };
+  const ivit::ParallelHook hook = ivit::parallel_hook();
+  if (chunks <= 1) {
+    for (i64 c = 0; c < chunks; ++c) one(&task, c);
+  } else if (hook.run) {
+    hook.run(hook.ctx, one, static_cast<size_t>(chunks), &task);
+  } else {
+    const int nt = static_cast<int>(std::min<i64>(std::max(threads, 1), chunks));
+    std::atomic<i64> next{0};
+    auto worker = [&] {
+      for (i64 c; (c = next++) < chunks;) one(&task, static_cast<size_t>(c));
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < nt; ++t) pool.emplace_back(worker);
+    worker();
+    for (auto& th : pool) th.join();
+  }
+}
+
+// ------------------------------------------------------------------------------------------- self-check
+
+// One probe at the worst cases: A at its extremes (and zero point), B at -128 and 127, K odd and large
+// enough for the int16/int32 partial sums to reach their largest, per-column zb; y = acc - zx in int32.
+std::string probe(int isa, int a_code) {
+  const i64 M = 13, K = 1031, N = 37;
+  std::vector<int8_t> b(K * N);
+  std::vector<uint8_t> a(M * K);
+  for (i64 i = 0; i < K * N; ++i) b[i] = static_cast<int8_t>(i % 5 == 1 ? 127 : (i % 7 == 3 ? 3 : -128));
+  const uint8_t hi = a_code == 0 ? 0x80 : 0xFF, other = a_code == 0 ? 0x7F : 0x00;  // -128 / 255; 127 / 0
+  for (i64 i = 0; i < M * K; ++i) a[i] = (i / K) % 3 == 2 ? other : (i % 11 == 5 ? other : hi);
+  std::vector<i64> zb(N), zx(N), ones(N, 1), zero(N, 0);
+  for (i64 j = 0; j < N; ++j) zb[j] = j % 3 == 0 ? 127 : (j % 3 == 1 ? -128 : 0), zx[j] = j * 1000 - 7;
+  const i64 za = a_code == 0 ? 127 : 0;
+  const char* err = nullptr;
+  void* g = ivit_qgemm_create(isa, a_code, K, N, b.data(), zb.data(), N, za, zx.data(), ones.data(), zero.data(),
+                              N, 0, INT32_MIN, INT32_MAX, nullptr, I32, &err);
+  if (!g) return err;
+  std::vector<int32_t> y(M * N);
+  ivit_qgemm_run(g, a.data(), M, y.data(), 1);
+  ivit_qgemm_destroy(g);
+  for (i64 m = 0; m < M; ++m)
+    for (i64 j = 0; j < N; ++j) {
+      i64 s = 0;
+      for (i64 k = 0; k < K; ++k) {
+        const i64 av = a_code == 0 ? static_cast<int8_t>(a[m * K + k]) : a[m * K + k];
+        s += (av - za) * (b[k * N + j] - zb[j]);
+      }
+      const i64 want = static_cast<int32_t>(static_cast<uint32_t>(s)) - zx[j];
+      if (y[m * N + j] != static_cast<int32_t>(want))
+        return "gave " + std::to_string(y[m * N + j]) + " instead of " + std::to_string(want);
+    }
+  return "";
+}
+
+}  // namespace
+
+extern "C" {
+
+int ivit_qgemm_supported(int isa) { return isa >= PORTABLE && isa <= VNNI && cpu_has(isa) ? 1 : 0; }
+
+void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t* b, const int64_t* zb, int64_t nzb,
+                        int64_t za, const int64_t* zx, const int64_t* mult, const int64_t* shift, int64_t nch,
+                        int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table, int out_code,
+                        const char** err) {
+  isa = pick(isa);
+  auto fail = [&](const char* why) -> void* {
+    *err = why;
+    return nullptr;
+  };
+  if (isa < PORTABLE || isa > VNNI) return fail("IVIT_GEMM_ISA must be portable, avx2 or vnni");
+  if (!cpu_has(isa)) return fail("this CPU lacks the instruction set of the GEMM path asked for");
+  if (a_code != 0 && a_code != 1) return fail("A must be int8 or uint8");
+  if (out_code < I8 || out_code > I32) return fail("the output must be int8, uint8, int16 or int32");
+  if (k < 1 || n < 1) return fail("K and N must be at least 1");
+  if ((nzb != 1 && nzb != n) || (nch != 1 && nch != n)) return fail("parameters must be per tensor or per column");
+  if (qmin > qmax) return fail("qmin must not exceed qmax");
+  if (table && qmax - qmin >= (i64(1) << 24)) return fail("the table would be too large");
+  for (i64 j = 0; j < nch; ++j)
+    if (shift[j] < 0 || shift[j] > 62) return fail("shifts must be in 0..62");
+  auto g = std::make_unique<QGemm>();
+  g->isa = isa, g->a_code = a_code, g->out_code = out_code, g->k = k, g->n = n, g->lay = layout(isa);
+  g->kp = (k + g->lay.kstep - 1) / g->lay.kstep * g->lay.kstep;
+  g->tiles = (n + g->lay.nr - 1) / g->lay.nr;
+  g->za_enc = isa == VNNI && a_code == 0 ? za + 128 : za;
+  g->zy = zy, g->qmin = qmin, g->qmax = qmax;
+  const i64 nr = g->lay.nr, kstep = g->lay.kstep, kp = g->kp;
+  if (isa == VNNI) g->b8.assign(g->tiles * kp * nr, 0); else g->b16.assign(g->tiles * kp * nr, 0);
+  for (i64 kk = 0; kk < k; ++kk)
+    for (i64 j = 0; j < n; ++j) {
+      const i64 t = j / nr, at = t * kp * nr + (kk / kstep) * nr * kstep + (j % nr) * kstep + kk % kstep;
+      if (isa == VNNI) g->b8[at] = b[kk * n + j]; else g->b16[at] = b[kk * n + j];
+    }
+  for (i64 j = 0; j < n; ++j) {
+    uint32_t colsum = 0;
+    for (i64 kk = 0; kk < k; ++kk) colsum += static_cast<uint32_t>(static_cast<int32_t>(b[kk * n + j]));
+    const uint32_t zbj = static_cast<uint32_t>(zb[nzb == 1 ? 0 : j]), zae = static_cast<uint32_t>(g->za_enc);
+    g->zb.push_back(static_cast<int32_t>(zbj));
+    g->corr.push_back(static_cast<int32_t>(zae * colsum - static_cast<uint32_t>(k) * zae * zbj));
+    const i64 c = shift[nch == 1 ? 0 : j];
+    g->zx.push_back(zx[nch == 1 ? 0 : j]);
+    g->mult.push_back(mult[nch == 1 ? 0 : j]);
+    g->shift.push_back(c);
+    g->half.push_back(c ? i64(1) << (c - 1) : 0);
+  }
+  if (table) g->table.assign(table, table + (qmax - qmin + 1));
+  return g.release();
+}
+
+int ivit_qgemm_isa(const void* g) { return static_cast<const QGemm*>(g)->isa; }
+
+int ivit_qgemm_run(const void* gp, const void* a, int64_t rows, void* y, int threads) {
+  const QGemm& g = *static_cast<const QGemm*>(gp);
+  switch (g.out_code) {
+    case I8: run_all(g, a, rows, static_cast<int8_t*>(y), threads); return 0;
+    case U8: run_all(g, a, rows, static_cast<uint8_t*>(y), threads); return 0;
+    case I16: run_all(g, a, rows, static_cast<int16_t*>(y), threads); return 0;
+    case I32: run_all(g, a, rows, static_cast<int32_t*>(y), threads); return 0;
+    default: return 1;
+  }
+}
+
+void ivit_qgemm_destroy(void* g) { delete static_cast<QGemm*>(g); }
+
+}  // extern "C"
+
+namespace ivit {
+
+std::string check_qgemm() {
+  static const std::string result = [] {
+    std::string refused;
+    for (int isa : {AVX2, VNNI}) {
+      if (!cpu_has(isa)) continue;
+      for (int a_code : {0, 1}) {
+        const std::string why = probe(isa, a_code);
+        if (why.empty()) continue;
+        g_refused |= 1 << isa;
+        refused += std::string(refused.empty() ? "" : "; ") + (isa == VNNI ? "vnni" : "avx2") +
+                   (a_code ? " uint8 " : " int8 ") + why;
+        break;
+      }
+    }
+    return refused;
+  }();
+  return result;
+}
+
+}  // namespace ivit
