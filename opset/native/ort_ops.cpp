@@ -766,7 +766,8 @@ __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::Sessi
     if (domain) domains.push_back(domain);
   }
   // the compile step's QGemm ops (qgemm_op.cpp), whose paths the self-check probes first (qgemm.cpp)
-  ivit::check_qgemm();
+  if (!s) s = api<ort::Status*(ort::SessionOptions*, const char*, const char*)>(ort::AddSessionConfigEntry)(
+              options, "ivit.qgemm_check", ivit::check_qgemm().c_str());
   ort::CustomOpDomain* engine = nullptr;
   if (!s) s = api<ort::Status*(const char*, ort::CustomOpDomain**)>(ort::CreateCustomOpDomain)("ai.ivit.engine", &engine);
   for (bool table : {false, true})

@@ -350,19 +350,21 @@ namespace ivit {
 
 std::string check_qgemm() {
   static const std::string result = [] {
-    std::string refused;
-    for (int isa : {AVX2, VNNI}) {
+    // IVIT_GEMM_PROBE_FAULT=qgemm (tests): every vector path counts as wrong
+    const char* fault = std::getenv("IVIT_GEMM_PROBE_FAULT");
+    const bool faulty = fault && !std::strcmp(fault, "qgemm");
+    std::string out;
+    for (int isa : {VNNI, AVX2, PORTABLE}) {
       if (!cpu_has(isa)) continue;
-      for (int a_code : {0, 1}) {
-        const std::string why = probe(isa, a_code);
-        if (why.empty()) continue;
-        g_refused |= 1 << isa;
-        refused += std::string(refused.empty() ? "" : "; ") + (isa == VNNI ? "vnni" : "avx2") +
-                   (a_code ? " uint8 " : " int8 ") + why;
-        break;
-      }
+      std::string why;
+      for (int a_code : {0, 1})
+        if (why.empty()) why = probe(isa, a_code);
+      if (faulty && isa != PORTABLE && why.empty()) why = "IVIT_GEMM_PROBE_FAULT";
+      if (!why.empty()) g_refused |= 1 << isa;
+      out += std::string(out.empty() ? "" : ", ") + (isa == VNNI ? "vnni" : isa == AVX2 ? "avx2" : "portable") +
+             (why.empty() ? " exact" : " refused (" + why + ")");
     }
-    return refused;
+    return out;
   }();
   return result;
 }

@@ -32,7 +32,8 @@ void ivit_qgemm_destroy(void* g);
 namespace ivit {
 // The QGemm op of domain ai.ivit.engine (and its table form, QGemmTable) for RegisterCustomOps.
 const ort::CustomOp* qgemm_op(const ort::Api* api, bool table);
-// The self-check of the QGemm paths: each path this CPU has, at the worst cases, against plain int64 loops;
-// a path that differs is never picked. "" or the paths refused.
+// The self-check of the QGemm paths (once per process): each path this CPU has, at the worst cases, against
+// plain int64 loops; a path that differs is never picked. Returns the outcome, e.g. "vnni exact, avx2 exact,
+// portable exact".
 std::string check_qgemm();
 }  // namespace ivit

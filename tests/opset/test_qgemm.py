@@ -12,6 +12,10 @@ row counts across the kernel's chunks, zero points, per-tensor and per-column pa
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -28,6 +32,7 @@ ISAS = {"portable": 1, "avx2": 2, "vnni": 3}
 CODES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3}
 KS = (1, 7, 64, 257, 1024)
 DOMAIN = "ai.ivit.engine"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lib():
@@ -209,3 +214,32 @@ def test_refusals(monkeypatch):
     model.graph.input.append(helper.make_tensor_value_info("b", TensorProto.INT8, [7, 5]))
     with pytest.raises(Exception, match="QGemm node 'gemm' refused: input 2 must be a constant"):
         ort_run(model, {**feeds, "b": c["b"]})
+
+
+def test_self_check_probes_every_path():
+    """Registration probes each path at its worst cases and records the outcome; a refused path is never
+    picked (``IVIT_GEMM_PROBE_FAULT=qgemm`` refuses the vector paths; in a fresh process, as the probe runs
+    once per process)."""
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(native_library())
+    outcome = opts.get_session_config_entry("ivit.qgemm_check")
+    for isa in ISAS:
+        if _lib().ivit_qgemm_supported(ISAS[isa]):
+            assert f"{isa} exact" in outcome
+    code = (
+        "import numpy as np, onnxruntime as ort\n"
+        "from tests.opset.test_qgemm import case, qgemm_model, ort_run, reference, native_library\n"
+        "c = case(np.random.default_rng(1), np.int8, 257, 37, 20, True)\n"
+        "model, feeds = qgemm_model(c)\n"
+        "assert np.array_equal(ort_run(model, feeds), reference(**c))\n"
+        "o = ort.SessionOptions(); o.register_custom_ops_library(native_library())\n"
+        "print(o.get_session_config_entry('ivit.qgemm_check'))\n"
+    )
+    env = {**os.environ, "IVIT_GEMM_PROBE_FAULT": "qgemm"}
+    env.pop("IVIT_GEMM_ISA", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert "portable exact" in out
+    for isa in ("avx2", "vnni"):
+        if _lib().ivit_qgemm_supported(ISAS[isa]):
+            assert f"{isa} refused (IVIT_GEMM_PROBE_FAULT)" in out
