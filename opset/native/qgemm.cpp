@@ -83,6 +83,10 @@ struct QGemm {
   std::vector<int8_t> b8;    // VNNI
   std::vector<int32_t> zb, corr, table;  // per column: zb, za' * colsum - K * za' * zb (mod 2**32)
   std::vector<i64> zx, mult, half, shift;
+  // the vector epilogue's (where every multiplier is an int32 and qmin, qmax are int32), per column padded to
+  // whole tiles: zx * b, h ^ 2**63 and zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy)
+  bool fast = false;
+  std::vector<i64> zxb, hf, zs;
 };
 
 // ------------------------------------------------------------------------------------------- micro-kernels
@@ -100,46 +104,62 @@ void micro_portable(const int16_t* a, i64 kp, const int16_t* b, int32_t* out) {
 }
 
 #if IVIT_QGEMM_X86
-template <int MR>
+// The accumulators are named variables, not an array: GCC copies arrays of vectors around the loop.
+inline int32_t load32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#define IVIT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 IVIT_T_AVX2 void micro_avx2(const int16_t* a, i64 kp, const int16_t* b, int32_t* out) {
-  __m256i acc[MR][2];
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+#define IVIT_ZERO(r) __m256i c##r##0 = _mm256_setzero_si256(), c##r##1 = _mm256_setzero_si256();
+  IVIT_ROWS(IVIT_ZERO)
+#undef IVIT_ZERO
   for (i64 k = 0; k < kp; k += 2, b += 32) {
     const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
     const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-    for (int r = 0; r < MR; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, a + r * kp + k, 4);
-      const __m256i av = _mm256_set1_epi32(pair);
-      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(av, b0));
-      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(av, b1));
-    }
+#define IVIT_STEP(r)                                                 \
+  {                                                                  \
+    const __m256i av = _mm256_set1_epi32(load32(a + r * kp + k));    \
+    c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(av, b0));  \
+    c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(av, b1));  \
   }
-  for (int r = 0; r < MR; ++r) {  // lanes hold columns 0..7 of b0 and 8..15 of b1: the packing's order
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 16), acc[r][0]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 16 + 8), acc[r][1]);
+    IVIT_ROWS(IVIT_STEP)
+#undef IVIT_STEP
   }
+  // lanes hold columns 0..7 (c.0) and 8..15 (c.1): the packing's order
+#define IVIT_STORE(r)                                                          \
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 16), c##r##0);     \
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 16 + 8), c##r##1);
+  IVIT_ROWS(IVIT_STORE)
+#undef IVIT_STORE
 }
+#undef IVIT_ROWS
 
-template <int MR>
+#define IVIT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 IVIT_T_VNNI void micro_vnni(const uint8_t* a, i64 kp, const int8_t* b, int32_t* out) {
-  __m512i acc[MR][2];
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+#define IVIT_ZERO(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = _mm512_setzero_si512();
+  IVIT_ROWS(IVIT_ZERO)
+#undef IVIT_ZERO
   for (i64 k = 0; k < kp; k += 4, b += 128) {
     const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64);
-    for (int r = 0; r < MR; ++r) {
-      int32_t quad;
-      std::memcpy(&quad, a + r * kp + k, 4);
-      const __m512i av = _mm512_set1_epi32(quad);
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], av, b0);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], av, b1);
-    }
+#define IVIT_STEP(r)                                               \
+  {                                                                \
+    const __m512i av = _mm512_set1_epi32(load32(a + r * kp + k));  \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, av, b0);                \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);                \
   }
-  for (int r = 0; r < MR; ++r) {
-    _mm512_storeu_si512(out + r * 32, acc[r][0]);
-    _mm512_storeu_si512(out + r * 32 + 16, acc[r][1]);
+    IVIT_ROWS(IVIT_STEP)
+#undef IVIT_STEP
   }
+#define IVIT_STORE(r)                            \
+  _mm512_storeu_si512(out + r * 32, c##r##0);    \
+  _mm512_storeu_si512(out + r * 32 + 16, c##r##1);
+  IVIT_ROWS(IVIT_STORE)
+#undef IVIT_STORE
 }
+#undef IVIT_ROWS
 #endif
 
 // ------------------------------------------------------------------------------------------------ epilogue
@@ -160,6 +180,68 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
   }
 }
 
+// The same values, 16 (AVX-512) or 8 (AVX2) columns at a time, into int32 v (g.fast): acc * b - zx * b is
+// (acc - zx) * b mod 2**64 with one signed 32 x 32-bit multiply, and the floor shift a logical one on the
+// sign-flipped sum (kernels.cpp's AVX2 rescale).
+#if IVIT_QGEMM_X86
+IVIT_T_VNNI void rescale_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, int32_t* v) {
+  const __m512i rs = _mm512_set1_epi32(rowsum);
+  const __m512i lo = _mm512_set1_epi64(g.qmin), hi = _mm512_set1_epi64(g.qmax);
+  for (i64 j = 0; j < cols; j += 16) {
+    const i64 n = n0 + j;
+    const __m512i acc = _mm512_sub_epi32(
+        _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_mullo_epi32(_mm512_loadu_si512(&g.zb[n]), rs)),
+        _mm512_loadu_si512(&g.corr[n]));
+    for (int half = 0; half < 2; ++half) {
+      const i64 m = n + 8 * half;
+      const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1) : _mm512_castsi512_si256(acc));
+      __m512i t = _mm512_sub_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.zxb[m]));
+      t = _mm512_srlv_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.hf[m])), _mm512_loadu_si512(&g.shift[m]));
+      t = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.zs[m])), lo), hi);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + j + 8 * half), _mm512_cvtepi64_epi32(t));
+    }
+  }
+}
+
+IVIT_T_AVX2 inline __m256i ld(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, int32_t* v) {
+  const __m256i rs = _mm256_set1_epi32(rowsum);
+  const __m256i lo = _mm256_set1_epi64x(g.qmin), hi = _mm256_set1_epi64x(g.qmax);
+  const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  for (i64 j = 0; j < cols; j += 8) {
+    const i64 n = n0 + j;
+    const __m256i acc = _mm256_sub_epi32(_mm256_sub_epi32(ld(dot + j), _mm256_mullo_epi32(ld(&g.zb[n]), rs)),
+                                         ld(&g.corr[n]));
+    for (int half = 0; half < 2; ++half) {
+      const i64 m = n + 4 * half;
+      const __m256i a = _mm256_cvtepi32_epi64(half ? _mm256_extracti128_si256(acc, 1) : _mm256_castsi256_si128(acc));
+      __m256i t = _mm256_sub_epi64(_mm256_mul_epi32(a, ld(&g.mult[m])), ld(&g.zxb[m]));
+      t = _mm256_add_epi64(_mm256_srlv_epi64(_mm256_add_epi64(t, ld(&g.hf[m])), ld(&g.shift[m])), ld(&g.zs[m]));
+      t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
+      t = _mm256_blendv_epi8(t, lo, _mm256_cmpgt_epi64(lo, t));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(v + j + 4 * half),
+                       _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(t, low)));
+    }
+  }
+}
+#endif
+
+// epilogue through the vector rescale: v, then the cast (or the table), which the compiler vectorizes
+template <class TO>
+void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* __restrict y) {
+  alignas(64) int32_t v[32];
+#if IVIT_QGEMM_X86
+  if (g.isa == VNNI) rescale_avx512(g, dot, rowsum, n0, g.lay.nr, v); else rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v);
+#endif
+  if (g.table.empty()) {
+    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
+  } else {
+    const int32_t* tab = g.table.data() - g.qmin;
+    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(tab[v[j]]);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------- driver
 
 constexpr i64 MC = 48;  // rows per task: a multiple of every lay.mr (4, 6, 8)
@@ -174,21 +256,38 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
   alignas(64) int32_t tile[8 * 32];
   // pack the rows of A as the path wants them (zero rows and zero k past the end) and sum them
   const bool vnni = g.isa == VNNI;
-  if (vnni) a8.assign(padded * kp, 0); else a16.assign(padded * kp, 0);
-  for (i64 r = 0; r < rows; ++r) {
+  // only the padding needs zeros: the k past K of each row, and the rows past the last
+  if (vnni) a8.resize(padded * kp); else a16.resize(padded * kp);
+  uint8_t* __restrict p8 = a8.data();
+  int16_t* __restrict p16 = a16.data();
+  const i64 k = g.k;
+  for (i64 r = 0; r < padded; ++r) {
+    uint8_t* d8 = p8 + r * kp;
+    int16_t* d16 = p16 + r * kp;
+    if (r >= rows) {
+      if (vnni) std::memset(d8, 0, kp); else std::memset(d16, 0, kp * 2);
+      continue;
+    }
     int32_t s = 0;
-    if (g.a_code == 0) {
-      const int8_t* src = static_cast<const int8_t*>(a_raw) + (m0 + r) * g.k;
-      if (vnni)
-        for (i64 k = 0; k < g.k; ++k) s += a8[r * kp + k] = static_cast<uint8_t>(src[k] + 128);
-      else
-        for (i64 k = 0; k < g.k; ++k) s += a16[r * kp + k] = src[k];
+    if (vnni) {
+      if (g.a_code == 0) {
+        const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;  // int8 bits; ^ 0x80 adds 128
+        for (i64 j = 0; j < k; ++j) d8[j] = src[j] ^ 0x80;
+      } else {
+        std::memcpy(d8, static_cast<const uint8_t*>(a_raw) + (m0 + r) * k, k);
+      }
+      for (i64 j = k; j < kp; ++j) d8[j] = 0;
+      for (i64 j = 0; j < k; ++j) s += d8[j];
     } else {
-      const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * g.k;
-      if (vnni)
-        for (i64 k = 0; k < g.k; ++k) s += a8[r * kp + k] = src[k];
-      else
-        for (i64 k = 0; k < g.k; ++k) s += a16[r * kp + k] = src[k];
+      if (g.a_code == 0) {
+        const int8_t* src = static_cast<const int8_t*>(a_raw) + (m0 + r) * k;
+        for (i64 j = 0; j < k; ++j) d16[j] = src[j];
+      } else {
+        const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;
+        for (i64 j = 0; j < k; ++j) d16[j] = src[j];
+      }
+      for (i64 j = k; j < kp; ++j) d16[j] = 0;
+      for (i64 j = 0; j < k; ++j) s += d16[j];
     }
     rowsum[r] = s;
   }
@@ -197,13 +296,18 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
     for (i64 r0 = 0; r0 < padded; r0 += L.mr) {
       switch (g.isa) {
 #if IVIT_QGEMM_X86
-        case VNNI: micro_vnni<8>(a8.data() + r0 * kp, kp, g.b8.data() + t * kp * 32, tile); break;
-        case AVX2: micro_avx2<6>(a16.data() + r0 * kp, kp, g.b16.data() + t * kp * 16, tile); break;
+        case VNNI: micro_vnni(p8 + r0 * kp, kp, g.b8.data() + t * kp * 32, tile); break;
+        case AVX2: micro_avx2(p16 + r0 * kp, kp, g.b16.data() + t * kp * 16, tile); break;
 #endif
-        default: micro_portable<4>(a16.data() + r0 * kp, kp, g.b16.data() + t * kp * 16, tile); break;
+        default: micro_portable<4>(p16 + r0 * kp, kp, g.b16.data() + t * kp * 16, tile); break;
       }
-      for (i64 r = r0; r < std::min(r0 + L.mr, rows); ++r)
-        epilogue(g, tile + (r - r0) * L.nr, rowsum[r], n0, cols, y + (m0 + r) * g.n + n0);
+      for (i64 r = r0; r < std::min(r0 + L.mr, rows); ++r) {
+        TO* out = y + (m0 + r) * g.n + n0;
+        if (g.fast)
+          epilogue_fast(g, tile + (r - r0) * L.nr, rowsum[r], n0, cols, out);
+        else
+          epilogue(g, tile + (r - r0) * L.nr, rowsum[r], n0, cols, out);
+      }
     }
   }
 }
@@ -326,6 +430,18 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
     g->half.push_back(c ? i64(1) << (c - 1) : 0);
   }
   if (table) g->table.assign(table, table + (qmax - qmin + 1));
+  g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX;
+  for (i64 j = 0; j < n; ++j) g->fast = g->fast && g->mult[j] >= INT32_MIN && g->mult[j] <= INT32_MAX;
+  const i64 padded = g->tiles * nr;  // the vector epilogue reads whole tiles (padding columns: unused)
+  for (auto* v : {&g->zx, &g->mult, &g->half, &g->shift}) v->resize(padded, 0);
+  g->zb.resize(padded, 0);
+  g->corr.resize(padded, 0);
+  for (i64 j = 0; j < padded; ++j) {
+    const i64 c = g->shift[j];
+    g->zxb.push_back(static_cast<i64>(static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j])));
+    g->hf.push_back(static_cast<i64>(static_cast<uint64_t>(g->half[j]) ^ (uint64_t(1) << 63)));
+    g->zs.push_back(static_cast<i64>(static_cast<uint64_t>(zy) - (uint64_t(1) << (63 - c))));
+  }
   return g.release();
 }
 

@@ -128,6 +128,21 @@ def test_paths_bit_exact(isa, adt, per_column):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_wide_multipliers(isa):
+    """Multipliers past int32 (the vector paths' scalar epilogue), and qmin/qmax past int32 with int32 out."""
+    need(isa)
+    rng = np.random.default_rng(ISAS[isa] + 40)
+    for adt in (np.int8, np.uint8):
+        c = case(rng, adt, 64, 37, 20, True)
+        c["mult"][3] = (1 << 40) + 3
+        c["shift"][:] = 50
+        np.testing.assert_array_equal(run_c(isa, c), reference(**c))
+        c = case(rng, adt, 7, 19, 11, False, out=np.int32)
+        c["qmin"], c["qmax"] = -(1 << 40), 1 << 40
+        np.testing.assert_array_equal(run_c(isa, c), reference(**c))
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_worst_case_accumulators(isa):
     """Every product at its largest, K = 1024: the raw int32 accumulator (b = 1, c = 0, int32 output)."""
     need(isa)
