@@ -11,7 +11,7 @@
 //   * AVX-512 VNNI: vpdpbusd, uint8 x int8 (a' = A for uint8, A + 128 for int8, za' likewise): four products of
 //     at most 255 * 128 summed into int32 (vpdpbusd, not the saturating vpdpbusds).
 // B is packed once, at creation: for portable and AVX2 as int16 pairs in tiles of 16 columns
-// ([K/2][16][2]), for VNNI as 4-byte groups in tiles of 32 columns ([K/4][32][4]); K padded with zeros.
+// ([K/2][16][2]), for VNNI as 4-byte groups in tiles of 48 columns ([K/4][48][4]); K padded with zeros.
 // Rows are split in chunks over the caller's pool (parallel.h) or over `threads` threads.
 
 #include "qgemm.h"
@@ -30,7 +30,7 @@
 #define IVIT_QGEMM_X86 1
 #include <immintrin.h>
 #define IVIT_T_AVX2 __attribute__((target("avx2")))
-#define IVIT_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define IVIT_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #else
 #define IVIT_QGEMM_X86 0
 #endif
@@ -50,6 +50,7 @@ bool cpu_has(int isa) {
   if (isa == AVX2) return __builtin_cpu_supports("avx2");
   if (isa == VNNI)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
 #endif
   return false;
@@ -73,7 +74,7 @@ int pick(int isa) {
 struct Layout {
   int nr, kstep, mr;  // columns per tile, k per group, rows per micro-kernel call
 };
-Layout layout(int isa) { return isa == VNNI ? Layout{32, 4, 8} : Layout{16, 2, isa == AVX2 ? 6 : 4}; }
+Layout layout(int isa) { return isa == VNNI ? Layout{48, 4, 8} : Layout{16, 2, isa == AVX2 ? 6 : 4}; }
 
 struct QGemm {
   int isa, a_code, out_code;
@@ -139,23 +140,25 @@ IVIT_T_AVX2 void micro_avx2(const int16_t* a, i64 kp, const int16_t* b, int32_t*
 
 #define IVIT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 IVIT_T_VNNI void micro_vnni(const uint8_t* a, i64 kp, const int8_t* b, int32_t* out) {
-#define IVIT_ZERO(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = _mm512_setzero_si512();
+#define IVIT_ZERO(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0;
   IVIT_ROWS(IVIT_ZERO)
 #undef IVIT_ZERO
-  for (i64 k = 0; k < kp; k += 4, b += 128) {
-    const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64);
+  for (i64 k = 0; k < kp; k += 4, b += 192) {
+    const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64), b2 = _mm512_loadu_si512(b + 128);
 #define IVIT_STEP(r)                                               \
   {                                                                \
     const __m512i av = _mm512_set1_epi32(load32(a + r * kp + k));  \
     c##r##0 = _mm512_dpbusd_epi32(c##r##0, av, b0);                \
     c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);                \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);                \
   }
     IVIT_ROWS(IVIT_STEP)
 #undef IVIT_STEP
   }
-#define IVIT_STORE(r)                            \
-  _mm512_storeu_si512(out + r * 32, c##r##0);    \
-  _mm512_storeu_si512(out + r * 32 + 16, c##r##1);
+#define IVIT_STORE(r)                               \
+  _mm512_storeu_si512(out + r * 48, c##r##0);       \
+  _mm512_storeu_si512(out + r * 48 + 16, c##r##1);  \
+  _mm512_storeu_si512(out + r * 48 + 32, c##r##2);
   IVIT_ROWS(IVIT_STORE)
 #undef IVIT_STORE
 }
@@ -180,11 +183,28 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
   }
 }
 
-// The same values, 16 (AVX-512) or 8 (AVX2) columns at a time, into int32 v (g.fast): acc * b - zx * b is
-// (acc - zx) * b mod 2**64 with one signed 32 x 32-bit multiply, and the floor shift a logical one on the
-// sign-flipped sum (kernels.cpp's AVX2 rescale).
+// The same values, 16 (AVX-512, written to y directly) or 8 (AVX2, into int32 v) columns at a time (g.fast):
+// acc * b - zx * b is (acc - zx) * b mod 2**64 with one signed 32 x 32-bit multiply, and the floor shift a
+// logical one on the sign-flipped sum (kernels.cpp's AVX2 rescale).
 #if IVIT_QGEMM_X86
-IVIT_T_VNNI void rescale_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, int32_t* v) {
+// 8 int64 lanes (in [qmin, qmax]) to y[0..cols) as TO (truncating, as the scalar cast), through the table if any
+template <class TO>
+IVIT_T_VNNI inline void store8(const QGemm& g, __m512i t, TO* y, __mmask8 m) {
+  if (!g.table.empty()) {
+    const __m256i v = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), m, _mm512_sub_epi64(t, _mm512_set1_epi64(g.qmin)),
+                                                  g.table.data(), 4);
+    if constexpr (sizeof(TO) == 1) _mm256_mask_cvtepi32_storeu_epi8(y, m, v);
+    else if constexpr (sizeof(TO) == 2) _mm256_mask_cvtepi32_storeu_epi16(y, m, v);
+    else _mm256_mask_storeu_epi32(y, m, v);
+    return;
+  }
+  if constexpr (sizeof(TO) == 1) _mm512_mask_cvtepi64_storeu_epi8(y, m, t);
+  else if constexpr (sizeof(TO) == 2) _mm512_mask_cvtepi64_storeu_epi16(y, m, t);
+  else _mm512_mask_cvtepi64_storeu_epi32(y, m, t);
+}
+
+template <class TO>
+IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* y) {
   const __m512i rs = _mm512_set1_epi32(rowsum);
   const __m512i lo = _mm512_set1_epi64(g.qmin), hi = _mm512_set1_epi64(g.qmax);
   for (i64 j = 0; j < cols; j += 16) {
@@ -193,12 +213,13 @@ IVIT_T_VNNI void rescale_avx512(const QGemm& g, const int32_t* dot, int32_t rows
         _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_mullo_epi32(_mm512_loadu_si512(&g.zb[n]), rs)),
         _mm512_loadu_si512(&g.corr[n]));
     for (int half = 0; half < 2; ++half) {
-      const i64 m = n + 8 * half;
+      const i64 m = n + 8 * half, left = cols - j - 8 * half;
+      if (left <= 0) break;
       const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1) : _mm512_castsi512_si256(acc));
       __m512i t = _mm512_sub_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.zxb[m]));
       t = _mm512_srlv_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.hf[m])), _mm512_loadu_si512(&g.shift[m]));
       t = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.zs[m])), lo), hi);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + j + 8 * half), _mm512_cvtepi64_epi32(t));
+      store8(g, t, y + j + 8 * half, static_cast<__mmask8>(left >= 8 ? 0xFF : (1u << left) - 1));
     }
   }
 }
@@ -230,9 +251,10 @@ IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum
 // epilogue through the vector rescale: v, then the cast (or the table), which the compiler vectorizes
 template <class TO>
 void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* __restrict y) {
-  alignas(64) int32_t v[32];
+  alignas(64) int32_t v[48];
 #if IVIT_QGEMM_X86
-  if (g.isa == VNNI) rescale_avx512(g, dot, rowsum, n0, g.lay.nr, v); else rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v);
+  if (g.isa == VNNI) return epilogue_avx512(g, dot, rowsum, n0, cols, y);
+  rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v);
 #endif
   if (g.table.empty()) {
     for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
@@ -253,7 +275,7 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
   thread_local std::vector<int16_t> a16;
   thread_local std::vector<uint8_t> a8;
   int32_t rowsum[MC];
-  alignas(64) int32_t tile[8 * 32];
+  alignas(64) int32_t tile[8 * 48];
   // pack the rows of A as the path wants them (zero rows and zero k past the end) and sum them
   const bool vnni = g.isa == VNNI;
   // only the padding needs zeros: the k past K of each row, and the rows past the last
@@ -296,7 +318,7 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
     for (i64 r0 = 0; r0 < padded; r0 += L.mr) {
       switch (g.isa) {
 #if IVIT_QGEMM_X86
-        case VNNI: micro_vnni(p8 + r0 * kp, kp, g.b8.data() + t * kp * 32, tile); break;
+        case VNNI: micro_vnni(p8 + r0 * kp, kp, g.b8.data() + t * kp * 48, tile); break;
         case AVX2: micro_avx2(p16 + r0 * kp, kp, g.b16.data() + t * kp * 16, tile); break;
 #endif
         default: micro_portable<4>(p16 + r0 * kp, kp, g.b16.data() + t * kp * 16, tile); break;
