@@ -91,14 +91,16 @@ struct QGemm {
 };
 
 // ------------------------------------------------------------------------------------------- micro-kernels
-// out[r * nr + j] = sum over the packed k of a[r * kp + k] * tile[k][j], for the lay.mr rows of a.
+// out[r * nr + j] (+)= sum over k < klen of a[r * lda + k] * tile[k][j], for the lay.mr rows of a (add: onto
+// what out holds, for the blocks of K after the first).
 
 template <int MR>
-void micro_portable(const int16_t* a, i64 kp, const int16_t* b, int32_t* out) {
+void micro_portable(const int16_t* a, i64 lda, i64 klen, const int16_t* b, int32_t* out, bool add) {
   int32_t acc[MR][16] = {};
-  for (i64 k = 0; k < kp; k += 2, b += 32)
+  if (add) std::memcpy(acc, out, sizeof(acc));
+  for (i64 k = 0; k < klen; k += 2, b += 32)
     for (int r = 0; r < MR; ++r) {
-      const int32_t a0 = a[r * kp + k], a1 = a[r * kp + k + 1];
+      const int32_t a0 = a[r * lda + k], a1 = a[r * lda + k + 1];
       for (int j = 0; j < 16; ++j) acc[r][j] += a0 * b[2 * j] + a1 * b[2 * j + 1];
     }
   std::memcpy(out, acc, sizeof(acc));
@@ -113,16 +115,20 @@ inline int32_t load32(const void* p) {
 }
 
 #define IVIT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
-IVIT_T_AVX2 void micro_avx2(const int16_t* a, i64 kp, const int16_t* b, int32_t* out) {
-#define IVIT_ZERO(r) __m256i c##r##0 = _mm256_setzero_si256(), c##r##1 = _mm256_setzero_si256();
+IVIT_T_AVX2 void micro_avx2(const int16_t* a, i64 lda, i64 klen, const int16_t* b, int32_t* out, bool add) {
+#define IVIT_ZERO(r)                                                                              \
+  __m256i c##r##0 = add ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out + r * 16))      \
+                        : _mm256_setzero_si256();                                                 \
+  __m256i c##r##1 = add ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out + r * 16 + 8))  \
+                        : _mm256_setzero_si256();
   IVIT_ROWS(IVIT_ZERO)
 #undef IVIT_ZERO
-  for (i64 k = 0; k < kp; k += 2, b += 32) {
+  for (i64 k = 0; k < klen; k += 2, b += 32) {
     const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
     const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
 #define IVIT_STEP(r)                                                 \
   {                                                                  \
-    const __m256i av = _mm256_set1_epi32(load32(a + r * kp + k));    \
+    const __m256i av = _mm256_set1_epi32(load32(a + r * lda + k));   \
     c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(av, b0));  \
     c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(av, b1));  \
   }
@@ -139,15 +145,18 @@ IVIT_T_AVX2 void micro_avx2(const int16_t* a, i64 kp, const int16_t* b, int32_t*
 #undef IVIT_ROWS
 
 #define IVIT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
-IVIT_T_VNNI void micro_vnni(const uint8_t* a, i64 kp, const int8_t* b, int32_t* out) {
-#define IVIT_ZERO(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0;
+IVIT_T_VNNI void micro_vnni(const uint8_t* a, i64 lda, i64 klen, const int8_t* b, int32_t* out, bool add) {
+#define IVIT_ZERO(r)                                                          \
+  __m512i c##r##0 = add ? _mm512_loadu_si512(out + r * 48) : _mm512_setzero_si512();       \
+  __m512i c##r##1 = add ? _mm512_loadu_si512(out + r * 48 + 16) : _mm512_setzero_si512();  \
+  __m512i c##r##2 = add ? _mm512_loadu_si512(out + r * 48 + 32) : _mm512_setzero_si512();
   IVIT_ROWS(IVIT_ZERO)
 #undef IVIT_ZERO
-  for (i64 k = 0; k < kp; k += 4, b += 192) {
+  for (i64 k = 0; k < klen; k += 4, b += 192) {
     const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64), b2 = _mm512_loadu_si512(b + 128);
 #define IVIT_STEP(r)                                               \
   {                                                                \
-    const __m512i av = _mm512_set1_epi32(load32(a + r * kp + k));  \
+    const __m512i av = _mm512_set1_epi32(load32(a + r * lda + k)); \
     c##r##0 = _mm512_dpbusd_epi32(c##r##0, av, b0);                \
     c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);                \
     c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);                \
@@ -266,7 +275,8 @@ void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i
 
 // ------------------------------------------------------------------------------------------------- driver
 
-constexpr i64 MC = 48;  // rows per task: a multiple of every lay.mr (4, 6, 8)
+constexpr i64 MC = 48;   // rows per task: a multiple of every lay.mr (4, 6, 8)
+constexpr i64 KC = 256;  // packed k per block (a multiple of every kstep)
 
 template <class TO>
 void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
@@ -275,7 +285,7 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
   thread_local std::vector<int16_t> a16;
   thread_local std::vector<uint8_t> a8;
   int32_t rowsum[MC];
-  alignas(64) int32_t tile[8 * 48];
+  alignas(64) int32_t tile[MC * 48];  // the chunk's accumulators of one tile
   // pack the rows of A as the path wants them (zero rows and zero k past the end) and sum them
   const bool vnni = g.isa == VNNI;
   // only the padding needs zeros: the k past K of each row, and the rows past the last
@@ -313,23 +323,31 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
     }
     rowsum[r] = s;
   }
+  // K in blocks of KC, so that a block of the weight tile and of the rows stay in L1 across the row blocks
+  const i64 kc = kp <= 3 * KC / 2 ? kp : KC;
   for (i64 t = 0; t < g.tiles; ++t) {
     const i64 n0 = t * L.nr, cols = std::min<i64>(L.nr, g.n - n0);
-    for (i64 r0 = 0; r0 < padded; r0 += L.mr) {
-      switch (g.isa) {
+    for (i64 k0 = 0; k0 < kp; k0 += kc) {
+      const i64 klen = std::min(kc, kp - k0);
+      for (i64 r0 = 0; r0 < padded; r0 += L.mr) {
+        int32_t* out = tile + r0 * L.nr;
+        switch (g.isa) {
 #if IVIT_QGEMM_X86
-        case VNNI: micro_vnni(p8 + r0 * kp, kp, g.b8.data() + t * kp * 48, tile); break;
-        case AVX2: micro_avx2(p16 + r0 * kp, kp, g.b16.data() + t * kp * 16, tile); break;
+          case VNNI: micro_vnni(p8 + r0 * kp + k0, kp, klen, g.b8.data() + (t * kp + k0) * 48, out, k0 > 0); break;
+          case AVX2: micro_avx2(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
 #endif
-        default: micro_portable<4>(p16 + r0 * kp, kp, g.b16.data() + t * kp * 16, tile); break;
+          default:
+            micro_portable<4>(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0);
+            break;
+        }
       }
-      for (i64 r = r0; r < std::min(r0 + L.mr, rows); ++r) {
-        TO* out = y + (m0 + r) * g.n + n0;
-        if (g.fast)
-          epilogue_fast(g, tile + (r - r0) * L.nr, rowsum[r], n0, cols, out);
-        else
-          epilogue(g, tile + (r - r0) * L.nr, rowsum[r], n0, cols, out);
-      }
+    }
+    for (i64 r = 0; r < rows; ++r) {
+      TO* out = y + (m0 + r) * g.n + n0;
+      if (g.fast)
+        epilogue_fast(g, tile + r * L.nr, rowsum[r], n0, cols, out);
+      else
+        epilogue(g, tile + r * L.nr, rowsum[r], n0, cols, out);
     }
   }
 }
