@@ -277,9 +277,10 @@ void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i
 
 constexpr i64 MC = 48;   // rows per task: a multiple of every lay.mr (4, 6, 8)
 constexpr i64 KC = 256;  // packed k per block (a multiple of every kstep)
+constexpr i64 NC = 192;  // columns per task (rounded to whole tiles)
 
 template <class TO>
-void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
+void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1, TO* y) {
   const Layout L = g.lay;
   const i64 kp = g.kp, rows = m1 - m0, padded = (rows + L.mr - 1) / L.mr * L.mr;
   thread_local std::vector<int16_t> a16;
@@ -325,7 +326,7 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
   }
   // K in blocks of KC, so that a block of the weight tile and of the rows stay in L1 across the row blocks
   const i64 kc = kp <= 3 * KC / 2 ? kp : KC;
-  for (i64 t = 0; t < g.tiles; ++t) {
+  for (i64 t = t0; t < t1; ++t) {
     const i64 n0 = t * L.nr, cols = std::min<i64>(L.nr, g.n - n0);
     for (i64 k0 = 0; k0 < kp; k0 += kc) {
       const i64 klen = std::min(kc, kp - k0);
@@ -354,17 +355,19 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, TO* y) {
 
 template <class TO>
 void run_all(const QGemm& g, const void* a, i64 rows, TO* y, int threads) {
-  const i64 chunks = (rows + MC - 1) / MC;
+  // tasks: MC rows by about NC columns (whole tiles), small enough to balance a busy pool
+  const i64 per = std::max<i64>(1, NC / g.lay.nr), groups = (g.tiles + per - 1) / per;
+  const i64 chunks = (rows + MC - 1) / MC * groups;
   struct Task {
     const QGemm* g;
     const void* a;
-    i64 rows;
+    i64 rows, per, groups;
     TO* y;
-  } task{&g, a, rows, y};
+  } task{&g, a, rows, per, groups, y};
   auto one = [](void* data, size_t c) {
     const Task& t = *static_cast<Task*>(data);
-    const i64 m0 = static_cast<i64>(c) * MC;
-    run_chunk(*t.g, t.a, m0, std::min(t.rows, m0 + MC), t.y);
+    const i64 m0 = static_cast<i64>(c) / t.groups * MC, t0 = static_cast<i64>(c) % t.groups * t.per;
+    run_chunk(*t.g, t.a, m0, std::min(t.rows, m0 + MC), t0, std::min(t.g->tiles, t0 + t.per), t.y);
   };
   const ivit::ParallelHook hook = ivit::parallel_hook();
   if (chunks <= 1) {
