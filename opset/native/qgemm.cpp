@@ -86,7 +86,7 @@ struct QGemm {
   std::vector<i64> zx, mult, half, shift;
   // the vector epilogue's (where every multiplier is an int32 and qmin, qmax are int32), per column padded to
   // whole tiles: zx * b, h ^ 2**63 and zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy)
-  bool fast = false;
+  bool fast = false, zb_zero = false;
   std::vector<i64> zxb, hf, zs;
 };
 
@@ -196,20 +196,22 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
 // acc * b - zx * b is (acc - zx) * b mod 2**64 with one signed 32 x 32-bit multiply, and the floor shift a
 // logical one on the sign-flipped sum (kernels.cpp's AVX2 rescale).
 #if IVIT_QGEMM_X86
-// 8 int64 lanes (in [qmin, qmax]) to y[0..cols) as TO (truncating, as the scalar cast), through the table if any
+// 16 int32 lanes v to y[0..16) as TO (truncating, as the scalar cast), through the table if any; m: the lanes
+// to write
 template <class TO>
-IVIT_T_VNNI inline void store8(const QGemm& g, __m512i t, TO* y, __mmask8 m) {
-  if (!g.table.empty()) {
-    const __m256i v = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), m, _mm512_sub_epi64(t, _mm512_set1_epi64(g.qmin)),
-                                                  g.table.data(), 4);
-    if constexpr (sizeof(TO) == 1) _mm256_mask_cvtepi32_storeu_epi8(y, m, v);
-    else if constexpr (sizeof(TO) == 2) _mm256_mask_cvtepi32_storeu_epi16(y, m, v);
-    else _mm256_mask_storeu_epi32(y, m, v);
-    return;
+IVIT_T_VNNI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m) {
+  if (!g.table.empty())
+    v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, _mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin))),
+                                    g.table.data(), 4);
+  if constexpr (sizeof(TO) == 1) {
+    const __m128i b = _mm512_cvtepi32_epi8(v);
+    if (m == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(y), b); else _mm_mask_storeu_epi8(y, m, b);
+  } else if constexpr (sizeof(TO) == 2) {
+    const __m256i w = _mm512_cvtepi32_epi16(v);
+    if (m == 0xFFFF) _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), w); else _mm256_mask_storeu_epi16(y, m, w);
+  } else {
+    _mm512_mask_storeu_epi32(y, m, v);
   }
-  if constexpr (sizeof(TO) == 1) _mm512_mask_cvtepi64_storeu_epi8(y, m, t);
-  else if constexpr (sizeof(TO) == 2) _mm512_mask_cvtepi64_storeu_epi16(y, m, t);
-  else _mm512_mask_cvtepi64_storeu_epi32(y, m, t);
 }
 
 template <class TO>
@@ -218,18 +220,20 @@ IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t row
   const __m512i lo = _mm512_set1_epi64(g.qmin), hi = _mm512_set1_epi64(g.qmax);
   for (i64 j = 0; j < cols; j += 16) {
     const i64 n = n0 + j;
-    const __m512i acc = _mm512_sub_epi32(
-        _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_mullo_epi32(_mm512_loadu_si512(&g.zb[n]), rs)),
-        _mm512_loadu_si512(&g.corr[n]));
+    __m512i acc = _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_loadu_si512(&g.corr[n]));
+    if (!g.zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_loadu_si512(&g.zb[n]), rs));
+    __m256i part[2];
     for (int half = 0; half < 2; ++half) {
-      const i64 m = n + 8 * half, left = cols - j - 8 * half;
-      if (left <= 0) break;
+      const i64 m = n + 8 * half;
       const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1) : _mm512_castsi512_si256(acc));
       __m512i t = _mm512_sub_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.zxb[m]));
       t = _mm512_srlv_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.hf[m])), _mm512_loadu_si512(&g.shift[m]));
       t = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.zs[m])), lo), hi);
-      store8(g, t, y + j + 8 * half, static_cast<__mmask8>(left >= 8 ? 0xFF : (1u << left) - 1));
+      part[half] = _mm512_cvtepi64_epi32(t);  // in [qmin, qmax], int32 (g.fast)
     }
+    const i64 left = cols - j;
+    store16(g, _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1), y + j,
+            static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1));
   }
 }
 
@@ -474,6 +478,7 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
   }
   if (table) g->table.assign(table, table + (qmax - qmin + 1));
   g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX;
+  g->zb_zero = std::all_of(g->zb.begin(), g->zb.end(), [](int32_t v) { return v == 0; });
   for (i64 j = 0; j < n; ++j) g->fast = g->fast && g->mult[j] >= INT32_MIN && g->mult[j] <= INT32_MAX;
   const i64 padded = g->tiles * nr;  // the vector epilogue reads whole tiles (padding columns: unused)
   for (auto* v : {&g->zx, &g->mult, &g->half, &g->shift}) v->resize(padded, 0);
