@@ -298,6 +298,10 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
   uint8_t* __restrict p8 = a8.data();
   int16_t* __restrict p16 = a16.data();
   const i64 k = g.k;
+  // uint8 rows with K a multiple of 4 are read in place by VNNI (but for a last, partial block of rows)
+  const bool direct = vnni && g.a_code == 1 && kp == k;
+  const i64 in_place = direct ? rows / L.mr * L.mr : 0;
+  const uint8_t* a_rows = static_cast<const uint8_t*>(a_raw) + m0 * k;
   for (i64 r = 0; r < padded; ++r) {
     uint8_t* d8 = p8 + r * kp;
     int16_t* d16 = p16 + r * kp;
@@ -305,8 +309,11 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
       if (vnni) std::memset(d8, 0, kp); else std::memset(d16, 0, kp * 2);
       continue;
     }
-    int32_t s = 0;
-    if (vnni) {
+    int32_t s = 0;  // the row sums only matter where zb is not 0
+    if (r < in_place) {
+      if (!g.zb_zero)
+        for (i64 j = 0; j < k; ++j) s += a_rows[r * k + j];
+    } else if (vnni) {
       if (g.a_code == 0) {
         const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;  // int8 bits; ^ 0x80 adds 128
         for (i64 j = 0; j < k; ++j) d8[j] = src[j] ^ 0x80;
@@ -338,7 +345,10 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
         int32_t* out = tile + r0 * L.nr;
         switch (g.isa) {
 #if IVIT_QGEMM_X86
-          case VNNI: micro_vnni(p8 + r0 * kp + k0, kp, klen, g.b8.data() + (t * kp + k0) * 48, out, k0 > 0); break;
+          case VNNI:
+            micro_vnni((r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen, g.b8.data() + (t * kp + k0) * 48, out,
+                       k0 > 0);
+            break;
           case AVX2: micro_avx2(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
 #endif
           default:
