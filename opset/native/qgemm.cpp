@@ -31,6 +31,7 @@
 #include <immintrin.h>
 #define IVIT_T_AVX2 __attribute__((target("avx2")))
 #define IVIT_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define IVIT_T_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
 #else
 #define IVIT_QGEMM_X86 0
 #endif
@@ -42,6 +43,16 @@ enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3 };
 enum Out : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
 
 std::atomic<int> g_refused{0};  // bit per path the self-check refused (never picked by AUTO)
+
+// AVX-512 VBMI (vpermi2b): 8-bit tables of up to 256 entries as 4 registers instead of gathers
+bool cpu_vbmi() {
+#if IVIT_QGEMM_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vbmi");
+#else
+  return false;
+#endif
+}
 
 bool cpu_has(int isa) {
   if (isa == PORTABLE) return true;
@@ -87,6 +98,8 @@ struct QGemm {
   // the vector epilogue's (where every multiplier is an int32 and qmin, qmax are int32), per column padded to
   // whole tiles: zx * b, h ^ 2**63 and zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy)
   bool fast = false, zb_zero = false;
+  alignas(64) uint8_t tab8[256] = {};  // the table as bytes, for byte outputs with VBMI (vbmi_table)
+  bool vbmi_table = false;
   std::vector<i64> zxb, hf, zs;
 };
 
@@ -196,10 +209,24 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
 // acc * b - zx * b is (acc - zx) * b mod 2**64 with one signed 32 x 32-bit multiply, and the floor shift a
 // logical one on the sign-flipped sum (kernels.cpp's AVX2 rescale).
 #if IVIT_QGEMM_X86
+// y[0..16) = tab8[v - qmin] for v in int32 lanes, by two vpermi2b (128 entries each) and bit 7 choosing
+IVIT_T_VBMI void lookup16_vbmi(const QGemm& g, __m512i v, uint8_t* y, __mmask16 m) {
+  const __m512i idx = _mm512_castsi128_si512(
+      _mm512_cvtepi32_epi8(_mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin)))));
+  const __m512i t0 = _mm512_load_si512(g.tab8), t1 = _mm512_load_si512(g.tab8 + 64);
+  const __m512i t2 = _mm512_load_si512(g.tab8 + 128), t3 = _mm512_load_si512(g.tab8 + 192);
+  const __m512i lo = _mm512_permutex2var_epi8(t0, idx, t1), hi = _mm512_permutex2var_epi8(t2, idx, t3);
+  const __m128i r = _mm512_castsi512_si128(_mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi));
+  if (m == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(y), r); else _mm_mask_storeu_epi8(y, m, r);
+}
+
 // 16 int32 lanes v to y[0..16) as TO (truncating, as the scalar cast), through the table if any; m: the lanes
 // to write
 template <class TO>
 IVIT_T_VNNI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m) {
+  if constexpr (sizeof(TO) == 1) {
+    if (g.vbmi_table) return lookup16_vbmi(g, v, reinterpret_cast<uint8_t*>(y), m);
+  }
   if (!g.table.empty())
     v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, _mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin))),
                                     g.table.data(), 4);
@@ -487,6 +514,10 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
     g->half.push_back(c ? i64(1) << (c - 1) : 0);
   }
   if (table) g->table.assign(table, table + (qmax - qmin + 1));
+  if (table && isa == VNNI && (out_code == I8 || out_code == U8) && qmax - qmin < 256 && cpu_vbmi()) {
+    for (i64 i = 0; i <= qmax - qmin; ++i) g->tab8[i] = static_cast<uint8_t>(table[i]);
+    g->vbmi_table = true;
+  }
   g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX;
   g->zb_zero = std::all_of(g->zb.begin(), g->zb.end(), [](int32_t v) { return v == 0; });
   for (i64 j = 0; j < n; ++j) g->fast = g->fast && g->mult[j] >= INT32_MIN && g->mult[j] <= INT32_MAX;
