@@ -96,11 +96,11 @@ struct QGemm {
   std::vector<int32_t> zb, corr, table;  // per column: zb, za' * colsum - K * za' * zb (mod 2**32)
   std::vector<i64> zx, mult, half, shift;
   // the vector epilogue's (where every multiplier is an int32 and qmin, qmax are int32), per column padded to
-  // whole tiles: zx * b, h ^ 2**63 and zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy)
+  // whole tiles: off = (h ^ 2**63) - zx * b and zs = zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy)
   bool fast = false, zb_zero = false;
   alignas(64) uint8_t tab8[256] = {};  // the table as bytes, for byte outputs with VBMI (vbmi_table)
   bool vbmi_table = false;
-  std::vector<i64> zxb, hf, zs;
+  std::vector<i64> off, zs;
 };
 
 // ------------------------------------------------------------------------------------------- micro-kernels
@@ -206,7 +206,7 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
 }
 
 // The same values, 16 (AVX-512, written to y directly) or 8 (AVX2, into int32 v) columns at a time (g.fast):
-// acc * b - zx * b is (acc - zx) * b mod 2**64 with one signed 32 x 32-bit multiply, and the floor shift a
+// acc * b + off is (acc - zx) * b + h + 2**63 mod 2**64 with one signed 32 x 32-bit multiply, the floor shift a
 // logical one on the sign-flipped sum (kernels.cpp's AVX2 rescale).
 #if IVIT_QGEMM_X86
 // y[0..16) = tab8[v - qmin] for v in int32 lanes, by two vpermi2b (128 entries each) and bit 7 choosing
@@ -244,7 +244,7 @@ IVIT_T_VNNI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m) {
 template <class TO>
 IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* y) {
   const __m512i rs = _mm512_set1_epi32(rowsum);
-  const __m512i lo = _mm512_set1_epi64(g.qmin), hi = _mm512_set1_epi64(g.qmax);
+  const __m512i lo = _mm512_set1_epi32(static_cast<int32_t>(g.qmin)), hi = _mm512_set1_epi32(static_cast<int32_t>(g.qmax));
   for (i64 j = 0; j < cols; j += 16) {
     const i64 n = n0 + j;
     __m512i acc = _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_loadu_si512(&g.corr[n]));
@@ -253,13 +253,13 @@ IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t row
     for (int half = 0; half < 2; ++half) {
       const i64 m = n + 8 * half;
       const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1) : _mm512_castsi512_si256(acc));
-      __m512i t = _mm512_sub_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.zxb[m]));
-      t = _mm512_srlv_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.hf[m])), _mm512_loadu_si512(&g.shift[m]));
-      t = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.zs[m])), lo), hi);
-      part[half] = _mm512_cvtepi64_epi32(t);  // in [qmin, qmax], int32 (g.fast)
+      __m512i t = _mm512_add_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.off[m]));
+      t = _mm512_add_epi64(_mm512_srlv_epi64(t, _mm512_loadu_si512(&g.shift[m])), _mm512_loadu_si512(&g.zs[m]));
+      part[half] = _mm512_cvtsepi64_epi32(t);  // saturated to int32: the same clip, qmin and qmax being int32
     }
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
     const i64 left = cols - j;
-    store16(g, _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1), y + j,
+    store16(g, _mm512_min_epi32(_mm512_max_epi32(v, lo), hi), y + j,
             static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1));
   }
 }
@@ -277,8 +277,8 @@ IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum
     for (int half = 0; half < 2; ++half) {
       const i64 m = n + 4 * half;
       const __m256i a = _mm256_cvtepi32_epi64(half ? _mm256_extracti128_si256(acc, 1) : _mm256_castsi256_si128(acc));
-      __m256i t = _mm256_sub_epi64(_mm256_mul_epi32(a, ld(&g.mult[m])), ld(&g.zxb[m]));
-      t = _mm256_add_epi64(_mm256_srlv_epi64(_mm256_add_epi64(t, ld(&g.hf[m])), ld(&g.shift[m])), ld(&g.zs[m]));
+      __m256i t = _mm256_add_epi64(_mm256_mul_epi32(a, ld(&g.mult[m])), ld(&g.off[m]));
+      t = _mm256_add_epi64(_mm256_srlv_epi64(t, ld(&g.shift[m])), ld(&g.zs[m]));
       t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
       t = _mm256_blendv_epi8(t, lo, _mm256_cmpgt_epi64(lo, t));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(v + j + 4 * half),
@@ -527,8 +527,8 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
   g->corr.resize(padded, 0);
   for (i64 j = 0; j < padded; ++j) {
     const i64 c = g->shift[j];
-    g->zxb.push_back(static_cast<i64>(static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j])));
-    g->hf.push_back(static_cast<i64>(static_cast<uint64_t>(g->half[j]) ^ (uint64_t(1) << 63)));
+    const uint64_t zxb = static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j]);
+    g->off.push_back(static_cast<i64>((static_cast<uint64_t>(g->half[j]) ^ (uint64_t(1) << 63)) - zxb));
     g->zs.push_back(static_cast<i64>(static_cast<uint64_t>(zy) - (uint64_t(1) << (63 - c))));
   }
   return g.release();
