@@ -172,7 +172,8 @@ def test_sanitized_build_on_every_op_and_dtype_pair(tmp_path):
             "-fsanitize=address,undefined",
             "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer",
-            *(str(SOURCES / f) for f in ("kernels.cpp", "ort_ops.cpp", "gemm_check.cpp")),
+            *(str(SOURCES / f)
+              for f in ("kernels.cpp", "ort_ops.cpp", "gemm_check.cpp", "qgemm.cpp", "qgemm_op.cpp")),
             "-o",
             str(lib),
         ],
