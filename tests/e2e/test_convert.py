@@ -11,7 +11,6 @@ import pytest
 
 from ivit_onnx import rewrite
 from ivit_onnx.certify import float_offenders
-from tests.e2e.conftest import distilled_copy, torch
 from tests.graphs import op_counts
 
 DEPTH = 4  # the bundled digits ViT
@@ -28,50 +27,6 @@ def _agreement(fq_path, int_model, x):
     a, b = _logits(str(fq_path), x), _logits(int_model, x)
     cos = float(np.mean(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))))
     return cos, float(np.mean(a.argmax(1) == b.argmax(1)))
-
-
-def _own_fq(tmp_path_factory, model, digits, name, export=None, **quant):
-    from ivit_onnx.models.export import export_onnx
-    from ivit_onnx.models.quant import quantize
-
-    x_train = digits[0]
-    calib = [torch.from_numpy(x_train[i : i + 256]) for i in range(0, len(x_train), 256)]
-    fq = quantize(model, calib, **quant)
-    path = tmp_path_factory.mktemp("fq") / f"{name}.onnx"
-    export_onnx(fq, torch.from_numpy(digits[2][:2]), path, **(export or {}))
-    return path
-
-
-OWN = {
-    "torchscript": dict(exporter="torchscript"),
-    "dynamo": dict(exporter="dynamo"),
-    "residual16": dict(exporter="torchscript", residual_bits=16),
-    "uint8_split_qkv": dict(exporter="torchscript", act_dtype="uint8", qkv="split"),
-    "opset14_decomposed_layernorm": dict(exporter="torchscript", opset=14),
-}
-
-
-def _tanh_twin(model):
-    """The same weights with tanh-form GELU (exporters then emit the tanh pattern)."""
-    from ivit_onnx.models.bundled import load_default_info
-    from ivit_onnx.models.vit import vit
-
-    cfg = {k: v for k, v in load_default_info()["model"].items() if k != "factory"}
-    twin = vit(**cfg, gelu="tanh")
-    twin.load_state_dict(model.state_dict())
-    return twin.eval()
-
-
-@pytest.fixture(scope="module", params=sorted(OWN) + ["distilled", "tanh_gelu"])
-def own_fq(request, tmp_path_factory, digits_torch, digits):
-    name = request.param
-    if name == "distilled":
-        return name, _own_fq(tmp_path_factory, distilled_copy(digits_torch), digits, name)
-    if name == "tanh_gelu":
-        return name, _own_fq(tmp_path_factory, _tanh_twin(digits_torch), digits, name)
-    opts = dict(OWN[name])
-    export = {k: opts.pop(k) for k in ("exporter", "opset") if k in opts}
-    return name, _own_fq(tmp_path_factory, digits_torch, digits, name, export, **opts)
 
 
 def _check_converted(fq_path, digits, expect_tokens_ops=True):
