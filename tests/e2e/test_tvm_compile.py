@@ -55,9 +55,9 @@ def test_onnxruntime_quantized_torch_export_compiles(digits, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["uint8_asym", "partial"])
+@pytest.mark.parametrize("variant", ["int8_sym", "uint8_asym", "partial"])
 def test_onnxruntime_quantize_static_compiles(variant, digits, digits_fp32_path, tmp_path):
-    _compiles_bit_exact(_ort_int(digits, digits_fp32_path, tmp_path, variant), digits)
+    _compiles_bit_exact(_ort_int(digits_fp32_path, digits, tmp_path, variant), digits)
 
 
 @pytest.mark.slow
