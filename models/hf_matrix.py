@@ -54,6 +54,8 @@ MARGIN = 0.25
 MIN_INPUTS = round(1 / (1 - MIN_AGREEMENT / 100))
 #: one-sided z of the accuracy comparison (:func:`accuracy_loss_within_chance`)
 ACCURACY_Z = 3.0
+#: the least accuracy that says a model trained in a test learned (10 classes: chance is 0.1; ~0.9 measured)
+LEARNED = 0.5
 BATCH = 50  #: the batch the models run with (divides both test splits: 450 digits, 500 sentences)
 
 
@@ -297,8 +299,6 @@ def evaluate(case: Case, fq_path: str | Path, split: Data) -> dict:
     from ivit_onnx import ConversionError
     from ivit_onnx.certify import float_offenders
 
-    from .runtime import cosine
-
     out = {"case": case.name, "result": "refused"}
     try:
         model, _ = convert(case, fq_path)
@@ -309,19 +309,38 @@ def evaluate(case: Case, fq_path: str | Path, split: Data) -> dict:
         integer = _logits(model, split.test)
     except Exception as e:  # onnxruntime's errors have no common base class
         return {**out, "result": "unrunnable", "error": f"{type(e).__name__}: {e}"}
-    keep = margins(fq)
     return {
         **out,
         "result": "strict",
         "float_offenders": len(float_offenders(model)),
         "library": plain_session(model, split.test, integer),
+        **compare(fq, integer, split.y_test),
+    }
+
+
+def compare(fq: np.ndarray, integer: np.ndarray, labels: np.ndarray) -> dict:
+    """The integer model's logits against the fake-quant model's: "cosine" and "agreement" (%) on the inputs
+    with a margin (:func:`margins`), their number "inputs", both accuracies (%), "discordant" (b, c)."""
+    from .runtime import cosine
+
+    keep = margins(fq)
+    return {
         "cosine": round(cosine(fq[keep], integer[keep]), 5),
         "agreement": round(float(np.mean(fq[keep].argmax(1) == integer[keep].argmax(1))) * 100, 2),
         "inputs": int(keep.sum()),
-        "fq_accuracy": round(float(np.mean(fq.argmax(1) == split.y_test)) * 100, 2),
-        "int_accuracy": round(float(np.mean(integer.argmax(1) == split.y_test)) * 100, 2),
-        "discordant": discordant(fq, integer, split.y_test),
+        "fq_accuracy": round(float(np.mean(fq.argmax(1) == labels)) * 100, 2),
+        "int_accuracy": round(float(np.mean(integer.argmax(1) == labels)) * 100, 2),
+        "discordant": discordant(fq, integer, labels),
     }
+
+
+def failed_bounds(result: dict) -> list[str]:
+    """The bounds :func:`compare`'s ``result`` breaks (empty: all hold); every one holds on every CPU."""
+    checks = [(result["inputs"] >= MIN_INPUTS, f"margin inputs {result['inputs']} < {MIN_INPUTS}"),
+              (result["cosine"] >= MIN_COSINE, f"cosine {result['cosine']} < {MIN_COSINE}"),
+              (result["agreement"] >= MIN_AGREEMENT, f"agreement {result['agreement']} % < {MIN_AGREEMENT}"),
+              (accuracy_loss_within_chance(*result["discordant"]), "accuracy loss beyond chance")]
+    return [why for ok, why in checks if not ok]
 
 
 def summary(result: dict) -> str:
