@@ -42,7 +42,10 @@ def static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     """The fully static shapes ONNX shape inference (with data propagation) finds for the main graph's
     tensors, the private ops' bodies inlined so that inference sees through them."""
     flat = onnx.inliner.inline_local_functions(model, convert_version=False)
-    inferred = onnx.shape_inference.infer_shapes(flat, data_prop=True)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(flat, data_prop=True)
+    except Exception:  # noqa: BLE001 - a graph ONNX cannot infer: nothing is folded, relax says what it lacks
+        return {}
     out = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
         t = vi.type.tensor_type
@@ -78,8 +81,18 @@ def _fold_once(model: onnx.ModelProto) -> int:
     """One round: fold the shape-derived values the current shapes make constant; returns how many nodes."""
     graph = model.graph
     shapes = static_shapes(model)
-    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    inits = {t.name: t for t in graph.initializer}
+    constant_nodes = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.domain in _DEFAULT}
     derived: dict[str, np.ndarray] = {}  # values that depend on a folded Shape/Size
+
+    def value(name: str):
+        if name in derived:
+            return derived[name]
+        if name in inits:
+            return numpy_helper.to_array(inits[name])
+        out = _evaluate(model, constant_nodes[name], {}) if name in constant_nodes else None
+        return None if out is None else out[0]
+
     folded = []
     for node in graph.node:
         if node.domain not in _DEFAULT or node.op_type in _NONDETERMINISTIC:
@@ -89,17 +102,15 @@ def _fold_once(model: onnx.ModelProto) -> int:
                 derived[node.output[0]] = _shape_value(node, shapes[node.input[0]])
                 folded.append(node)
             continue
-        if node.op_type == "Constant":
-            value = _evaluate(model, node, {})
-            if value is not None:
-                consts[node.output[0]] = value[0]
-            continue
         known = [i for i in node.input if i]
-        if not any(i in derived for i in known) or not all(i in derived or i in consts for i in known):
+        if not any(i in derived for i in known):
             continue
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             continue
-        values = _evaluate(model, node, {**consts, **derived})
+        inputs = {i: value(i) for i in known}
+        if any(v is None for v in inputs.values()):
+            continue
+        values = _evaluate(model, node, inputs)
         if values is None or any(np.asarray(v).size > SIZE_LIMIT for v in values):
             continue
         derived.update(zip(node.output, values, strict=False))
