@@ -28,6 +28,8 @@ CONTRIB = "ai.onnx.contrib"
 #: registering when the model runs int8 x int8 GEMMs (the fallback); the outcome, read after registering
 INT8_GEMMS = "ivit.int8_gemms"
 CHECK = "ivit.gemm_check"
+#: set by :func:`register`: the session is ivit-onnx's own, so the library gives no plain-route hint
+SESSION = "ivit.session"
 _registered: set[str] = set()
 _hooked = False
 
@@ -144,6 +146,7 @@ def register(opts: ort.SessionOptions, model: onnx.ModelProto) -> onnx.ModelProt
     """
     path = native_library()
     if path is not None:
+        opts.add_session_config_entry(SESSION, "1")
         opts.register_custom_ops_library(path)
         return model
     from onnxruntime_extensions import get_library_path
