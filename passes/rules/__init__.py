@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import (
     batchnorm,
     chain,
+    conv_transpose,
     elementwise,
     l2norm,
     layout,
@@ -34,6 +35,7 @@ LOWERING = (
     linear.MatMul(),
     linear.Gemm(),
     linear.Conv(),
+    conv_transpose.ConvTranspose(),  # #28 (dense-prediction heads)
     elementwise.Add(),
     product.Product(),  # #27: positive constants fold (ScaleByConst), any other product is exact int32
     nonlinear.Softmax(),
