@@ -37,21 +37,21 @@ def _attr(node, key: str, default: str) -> str:
 
 def _scales(node) -> np.ndarray | None:
     """The full-rank float scales of a Resize (from ``scales``, or ``sizes / in``), None if not static (an
-    axis whose input and output are the same symbol, a batch, is not resized: scale 1)."""
+    axis whose input and output are the same symbol, or whose given scale is 1, is not resized: a batch, also
+    where shape inference named the output's batch anew, as ``floor(1.0*batch)``)."""
     shape_in, shape_out = node.inputs[0].shape, node.outputs[0].shape
     if shape_in is None or shape_out is None or len(shape_in) != len(shape_out):
         return None
-    full = np.ones(len(shape_in), np.float64)
+    full, given = np.ones(len(shape_in), np.float64), np.full(len(shape_in), np.nan)
+    scales = const_array(optional_input(node, 2))
+    if scales is not None and scales.size:
+        given[list(node.attrs.get("axes") or range(len(shape_in)))] = scales.astype(np.float64)
     for d, (a, b) in enumerate(zip(shape_in, shape_out, strict=True)):
         if isinstance(a, int) and isinstance(b, int):
             full[d] = b / a
-        elif not (isinstance(a, str) and a == b):
+        elif not ((isinstance(a, str) and a == b) or given[d] == 1):
             return None
-    given = const_array(optional_input(node, 2))
-    if given is not None and given.size:
-        axes = node.attrs.get("axes") or list(range(len(shape_in)))
-        full[list(axes)] = given.astype(np.float64)
-    return full
+    return np.where(np.isnan(given), full, given)
 
 
 def _sizes(node) -> np.ndarray | str:
@@ -119,9 +119,8 @@ def _plan(lw: Lowerer, node) -> list[tuple[int, np.ndarray, int]] | str:
     full = _scales(node)
     if full is None:
         return "shapes unknown (not static)"
-    shape_in, shape_out = node.inputs[0].shape, node.outputs[0].shape
-    rank = len(shape_in)
-    resized = [d for d in range(rank) if full[d] != 1 or shape_in[d] != shape_out[d]]
+    rank = len(node.inputs[0].shape)
+    resized = [d for d in range(rank) if full[d] != 1]  # static sizes give their ratio, symbols scale 1
     if rank < 3 or any(d < rank - 2 for d in resized):
         return "it resizes an axis other than the last two of a rank >= 3 tensor"
     plan = []

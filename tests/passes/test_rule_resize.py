@@ -63,3 +63,16 @@ def test_interpolation_keeps_a_symbolic_batch():
     model = _resize(scales=(1, 1, 2, 2), mode="linear", out_scale=0.02, batch="N")
     out, _ = lowered(model, {"img": np.concatenate([IMG, -IMG])}, 0.02 + 1e-6)
     assert "Resize" not in op_counts(out)
+
+
+def test_interpolation_with_a_renamed_batch():
+    """onnxruntime's symbolic shape inference (``quant_pre_process``) names a Resize's output batch anew,
+    ``floor(1.0*N)``: the given scale 1 still says the batch is not resized."""
+    import onnx
+
+    model = _resize(scales=(1, 1, 2, 2), mode="linear", out_scale=0.02, batch="N")
+    resize = next(n for n in model.graph.node if n.op_type == "Resize")
+    renamed = ["floor(1.0*N)", 2, 12, 12]
+    model.graph.value_info.append(onnx.helper.make_tensor_value_info(resize.output[0], 1, renamed))
+    out, _ = lowered(model, {"img": np.concatenate([IMG, -IMG])}, 0.02 + 1e-6)
+    assert "Resize" not in op_counts(out)
