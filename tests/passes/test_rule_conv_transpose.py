@@ -19,9 +19,10 @@ def _graph(cin, cout_g, spatial, kernel, axis=1, bias=True, x_dtype=np.uint8, ba
     zp = 7 if x_dtype == np.uint8 else 0
     x = g.qdq(g.input("x", [batch, cin, *spatial]), 0.02, zp, x_dtype)
     wv = RNG.standard_normal((cin, cout_g, *kernel)) * 0.3
-    if axis is None:
+    if axis is None:  # per tensor, uint8 with a zero point (MatMulInteger/ConvInteger take it as an input)
         s = float(np.abs(wv).max()) / 127
-        w = g.node("DequantizeLinear", [g.const(np.rint(wv / s), np.int8), g.const(s), g.const(0, np.int8)])
+        q = g.const(np.rint(wv / s) + 128, np.uint8)
+        w = g.node("DequantizeLinear", [q, g.const(s), g.const(128, np.uint8)])
     else:
         w = g.weight(wv, axis=axis)
     inputs = [x, w] + ([g.const(RNG.standard_normal(cout_g * groups) * 0.1)] if bias else [])
@@ -41,6 +42,11 @@ CASES = {
     "k3_s2_p1_op1": (
         dict(cin=4, cout_g=3, spatial=[5, 4], kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
              output_padding=[1, 1]),
+        "zero-inserted",
+    ),
+    "k3_s2_p1_op1_per_tensor": (
+        dict(cin=4, cout_g=3, spatial=[5, 4], kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+             output_padding=[1, 1], axis=None),
         "zero-inserted",
     ),
     "groups": (
