@@ -11,7 +11,8 @@ and onnxruntime's ConvTranspose is float-only), an exact int32 accumulator typed
   insert the zero points, a Slice crops where a pad exceeds the kernel, ConvInteger does the sums.
 
 Weights per output channel (axis 1, onnxruntime's default for ConvTranspose) give a per-channel accumulator;
-per input channel (axis 0) only where each group has one input channel (depthwise).
+per input channel (axis 0) only where each group has one input channel (depthwise). auto_pad SAME_* is taken
+where its total padding is even (no side gets an extra pixel); the output_shape attribute declines.
 """
 
 from __future__ import annotations
@@ -29,19 +30,29 @@ from .linear import _EIGHT_BIT, _finish, _weight_check, _zero_points
 from .lowerer import Lowerer
 
 
+def _auto_pad(node) -> str:
+    v = node.attrs.get("auto_pad", "NOTSET")
+    return v.decode() if isinstance(v, bytes) else v
+
+
 def _attrs(node, nd: int, kernel) -> dict:
-    """The attributes per spatial axis (pads as begin and end lists)."""
+    """The attributes per spatial axis (pads as begin and end lists; auto_pad SAME_* as the even split of
+    the padding that makes the output ``input * stride``)."""
     a = node.attrs
-    pads = list(a.get("pads", [0] * 2 * nd))
-    return dict(
+    out = dict(
         strides=list(a.get("strides", [1] * nd)),
         dilations=list(a.get("dilations", [1] * nd)),
         output_padding=list(a.get("output_padding", [0] * nd)),
-        begin=pads[:nd],
-        end=pads[nd:],
         kernel=list(a.get("kernel_shape", kernel)),
         group=int(a.get("group", 1)),
     )
+    pads = list(a.get("pads", [0] * 2 * nd)) if _auto_pad(node) == "NOTSET" else [0] * 2 * nd
+    if _auto_pad(node).startswith("SAME"):
+        total = [op + (k - 1) * d + 1 - s for op, k, d, s in
+                 zip(out["output_padding"], out["kernel"], out["dilations"], out["strides"], strict=True)]
+        pads = [t // 2 for t in total] * 2
+        out["total"] = total
+    return dict(out, begin=pads[:nd], end=pads[nd:])
 
 
 def _weight_axis(w: Affine, rank: int) -> int | None:
@@ -57,15 +68,13 @@ def _why_not(lw: Lowerer, node) -> str | None:
     x, (iw, w) = lw.get(node.inputs[0])[1], lw.get(node.inputs[1])
     if x.dtype not in _EIGHT_BIT or not x.per_tensor or w.dtype not in _EIGHT_BIT:
         return f"operands are not 8-bit, per-tensor input and weight ({x.dtype}, {w.dtype})"
-    auto_pad = node.attrs.get("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if auto_pad not in ("NOTSET", "VALID"):
-        return f"auto_pad {auto_pad} is not supported (export explicit pads)"
     if "output_shape" in node.attrs:
         return "the output_shape attribute is not supported (export pads and output_padding)"
     wv = const_array(iw)
     nd = wv.ndim - 2
     a = _attrs(node, nd, wv.shape[2:])
+    if any(t % 2 or t < 0 for t in a.get("total", ())):
+        return f"auto_pad {_auto_pad(node)} with an odd or negative total padding {a['total']} (export pads)"
     if a["kernel"] != list(wv.shape[2:]) or wv.shape[0] % a["group"]:
         return f"kernel_shape {a['kernel']} or group {a['group']} does not match the weight {list(wv.shape)}"
     if _weight_axis(w, wv.ndim) == 0 and wv.shape[0] != a["group"]:

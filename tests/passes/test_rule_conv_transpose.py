@@ -68,6 +68,15 @@ CASES = {
         dict(cin=3, cout_g=4, spatial=[9], kernel=[3], strides=[2], dilations=[2], pads=[1, 0]),
         "zero-inserted",
     ),
+    # even total padding: the two sides take half each, as the output ``input * stride`` needs
+    "same_upper_k4_s2": (
+        dict(cin=4, cout_g=3, spatial=[5, 6], kernel=[4, 4], strides=[2, 2], auto_pad="SAME_UPPER"),
+        "zero-inserted",
+    ),
+    "same_lower_k3_s1": (
+        dict(cin=4, cout_g=3, spatial=[5, 6], kernel=[3, 3], auto_pad="SAME_LOWER", axis=None),
+        "zero-inserted",
+    ),
     "stride1_3d": (dict(cin=2, cout_g=3, spatial=[3, 4, 3], kernel=[2, 3, 2], pads=[0, 1, 1, 1, 0, 0]),
                    "zero-inserted"),
 }
@@ -78,6 +87,7 @@ def test_matches_fake_quant_on_every_backend(case):
     kw, path = CASES[case]
     fq, feed = _graph(**kw)
     out, report = lowered(fq, feed, OUT_SCALE + 1e-6)
+    assert run(out, feed)[0].shape == run(fq, feed)[0].shape
     counts = report.counts["lower_integer"]
     assert [k for k in counts if k.startswith("ConvTranspose as")] == [
         next(k for k in ("ConvTranspose as MatMulInteger (depth-to-space)",
@@ -123,7 +133,7 @@ def _decline(case):
 @pytest.mark.parametrize(
     "case, reason",
     [
-        ("auto_pad", "auto_pad SAME_UPPER is not supported (export explicit pads)"),
+        ("auto_pad", "auto_pad SAME_UPPER with an odd or negative total padding [1, 1] (export pads)"),
         ("output_shape", "the output_shape attribute is not supported"),
         ("int16", "operands are not 8-bit, per-tensor input and weight (int16, int8)"),
         ("axis0", "weights quantized per input channel (axis 0) with several input channels per group"),
