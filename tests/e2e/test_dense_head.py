@@ -24,9 +24,9 @@ class SaliencyHead(torch.nn.Module):
     Sigmoid: a ViT segmentation head's layers (the upsampling ConvTranspose as ``kernel``/``stride``/
     ``pads``/``output_padding`` give)."""
 
-    def __init__(self, backbone, grid: int, out_chans: int = 16, **deconv):
+    def __init__(self, backbone, grid: int, out_chans: int = 16, align_corners: bool = False, **deconv):
         super().__init__()
-        self.backbone, self.grid = backbone, grid
+        self.backbone, self.grid, self.align_corners = backbone, grid, align_corners
         dim = backbone.cls_token.shape[-1]
         self.up = torch.nn.ConvTranspose2d(dim, out_chans, **(deconv or dict(kernel_size=2, stride=2)))
         self.bn = torch.nn.BatchNorm2d(out_chans)
@@ -36,7 +36,8 @@ class SaliencyHead(torch.nn.Module):
         n, _, d = tokens.shape
         x = tokens[:, 1:].transpose(1, 2).reshape(n, d, self.grid, self.grid)
         x = self.out(torch.relu(self.bn(self.up(x))))
-        return torch.sigmoid(torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear"))
+        up = torch.nn.functional.interpolate
+        return torch.sigmoid(up(x, scale_factor=2, mode="bilinear", align_corners=self.align_corners))
 
     def forward(self, x):
         return self.decode(self.backbone.forward_features(x))
@@ -47,12 +48,12 @@ def _target(x):
     return (x > 0.25).float().repeat_interleave(2, 2).repeat_interleave(2, 3)
 
 
-def _trained(backbone, digits, **deconv):
+def _trained(backbone, digits, **head):
     """The head trained briefly on frozen backbone features (BatchNorm statistics included)."""
     torch.manual_seed(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead (7x here)
-    model = SaliencyHead(backbone, grid=4, **deconv)
+    model = SaliencyHead(backbone, grid=4, **head)
     x = torch.from_numpy(digits[0])
     with torch.no_grad():
         feats = backbone.eval().forward_features(x)
@@ -131,10 +132,12 @@ def test_saliency_head_variants(saliency_fp32, digits, tmp_path, variant, prepro
 
 @pytest.mark.slow
 def test_saliency_head_with_an_overlapping_deconvolution(digits_torch, digits, tmp_path):
-    """kernel 3, stride 2, pad 1, output padding 1 (the zero-inserted ConvInteger form)."""
+    """kernel 3, stride 2, pad 1, output padding 1 (the zero-inserted ConvInteger form), and DPT's
+    ``align_corners`` upsampling (weights in fifteenths)."""
     from ivit_onnx.models.export import export_onnx
 
-    model = _trained(digits_torch, digits, kernel_size=3, stride=2, padding=1, output_padding=1)
+    deconv = dict(kernel_size=3, stride=2, padding=1, output_padding=1)
+    model = _trained(digits_torch, digits, align_corners=True, **deconv)
     export_onnx(model, torch.from_numpy(digits[2][:2]), tmp_path / "fp32.onnx", "torchscript", opset=17)
     report, _ = _check(tmp_path / "fp32.onnx", digits, tmp_path, "uint8_asym", preprocess=True)
     assert report.counts["lower_integer"]["ConvTranspose as ConvInteger (zero-inserted)"] == 1
