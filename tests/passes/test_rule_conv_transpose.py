@@ -12,12 +12,14 @@ from tests.passes._rules import RNG, backends_agree, declines, lowered
 OUT_SCALE = 0.05
 
 
-def _graph(cin, cout_g, spatial, kernel, axis=1, bias=True, x_dtype=np.uint8, batch=2, out_q=True, **attrs):
-    """``x`` (QDQ'd) → ConvTranspose with a quantized weight (per channel on ``axis``, None: per tensor)
-    and a float bias → QDQ (unless not ``out_q``); returns the model and a feed."""
+def _graph(cin, cout_g, spatial, kernel, axis=1, bias=True, x_dtype=np.uint8, batch=2, out_q=True,
+           symbolic=None, **attrs):
+    """``x`` (QDQ'd; its batch named ``symbolic`` if given) → ConvTranspose with a quantized weight (per
+    channel on ``axis``, None: per tensor) and a float bias → QDQ (unless not ``out_q``); returns the model
+    and a feed."""
     g, groups = G(), attrs.get("group", 1)
     zp = 7 if x_dtype == np.uint8 else 0
-    x = g.qdq(g.input("x", [batch, cin, *spatial]), 0.02, zp, x_dtype)
+    x = g.qdq(g.input("x", [batch if symbolic is None else symbolic, cin, *spatial]), 0.02, zp, x_dtype)
     wv = RNG.standard_normal((cin, cout_g, *kernel)) * 0.3
     if axis is None:  # per tensor, uint8 with a zero point (MatMulInteger/ConvInteger take it as an input)
         s = float(np.abs(wv).max()) / 127
@@ -99,6 +101,18 @@ def test_matches_fake_quant_on_every_backend(case):
     macs = 2 * kw["cin"] * np.prod(kw["spatial"]) * kw["cout_g"] * np.prod(kw["kernel"])
     assert report.notes["integer_macs"] == macs and report.notes["integer_mac_percent"] == 100.0
     backends_agree(out, feed)
+
+
+@pytest.mark.parametrize("case", ["k2_s2", "k3_s2_p1_op1"])
+def test_symbolic_batch(case):
+    """Both forms reshape with the batch copied (0), so a symbolic batch stays symbolic."""
+    fq, feed = _graph(**CASES[case][0], symbolic="N")
+    out, _ = lowered(fq, feed, OUT_SCALE + 1e-6)
+    assert out.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    four = np.concatenate([feed["x"], -feed["x"]])
+    whole = run(out, {"x": four})[0]
+    for batch in (1, 3):
+        np.testing.assert_array_equal(run(out, {"x": four[:batch]})[0], whole[:batch])
 
 
 @pytest.mark.parametrize("case", ["k2_s2", "k3_s2_p1_op1", "groups"])
