@@ -77,9 +77,12 @@ def _why_not(lw: Lowerer, node) -> str | None:
         return f"auto_pad {_auto_pad(node)} with an odd or negative total padding {a['total']} (export pads)"
     if a["kernel"] != list(wv.shape[2:]) or wv.shape[0] % a["group"]:
         return f"kernel_shape {a['kernel']} or group {a['group']} does not match the weight {list(wv.shape)}"
-    if _weight_axis(w, wv.ndim) == 0 and wv.shape[0] != a["group"]:
+    axis = _weight_axis(w, wv.ndim)
+    if axis == 0 and wv.shape[0] != a["group"]:
         return "weights quantized per input channel (axis 0) with several input channels per group"
-    if (a["strides"] != [1] * nd or _is_depth_to_space(a, nd)) and _spatial(node) is None:
+    if axis not in (None, 0, 1):
+        return f"weights quantized per channel along axis {axis} (only 1, the output channels, or 0)"
+    if a["strides"] != [1] * nd and _spatial(node) is None:
         return "a strided ConvTranspose needs a static spatial input shape"
     return None
 
@@ -108,10 +111,12 @@ def _accumulator(x: Affine, w: Affine, wv: np.ndarray, a: dict) -> Affine:
     return qparams.conv_accumulator(x, Affine(per_out, w.zero_point, w.dtype, w.bound), taps, nd)
 
 
-def _is_depth_to_space(a: dict, nd: int) -> bool:
-    """Every input pixel writes its own output block (kernel == stride): a MatMulInteger suffices."""
+def _is_depth_to_space(node, a: dict, nd: int) -> bool:
+    """Every input pixel writes its own output block (kernel == stride): a MatMulInteger suffices (given the
+    static spatial shape its Reshapes need)."""
     return (
-        a["group"] == 1
+        _spatial(node) is not None
+        and a["group"] == 1
         and a["strides"] == a["kernel"]
         and a["dilations"] == [1] * nd
         and a["output_padding"] == [0] * nd
@@ -199,7 +204,7 @@ class ConvTranspose(Rule):
         wv = const_array(iw)
         nd = wv.ndim - 2
         a = _attrs(node, nd, wv.shape[2:])
-        if _is_depth_to_space(a, nd):
+        if _is_depth_to_space(node, a, nd):
             out = _depth_to_space(lw, ix, _spatial(node), x, w, wv, a)
             lw.ctx.count("lower_integer", "ConvTranspose as MatMulInteger (depth-to-space)")
         else:

@@ -115,6 +115,18 @@ def test_symbolic_batch(case):
         np.testing.assert_array_equal(run(out, {"x": four[:batch]})[0], whole[:batch])
 
 
+def test_stride_one_needs_no_static_shape():
+    """A stride-1 ConvTranspose (no zero points to insert) is a ConvInteger whatever the spatial shape."""
+    g = G()
+    x = g.qdq(g.input("x", [1, 4, "h", "w"]), 0.02, 0, np.int8)
+    w = g.weight(RNG.standard_normal((4, 3, 1, 1)) * 0.3, axis=1)
+    g.output(g.qdq(g.node("ConvTranspose", [x, w], kernel_shape=[1, 1]), OUT_SCALE))
+    for shape in ((1, 4, 3, 5), (1, 4, 6, 2)):
+        feed = {"x": RNG.standard_normal(shape).astype(np.float32)}
+        out, _ = lowered(g.model(), feed, OUT_SCALE + 1e-6)
+    assert op_counts(out).get("ConvInteger") == 1
+
+
 @pytest.mark.parametrize("case", ["k2_s2", "k3_s2_p1_op1", "groups"])
 def test_sums_are_exact(case):
     """With no output QuantizeLinear the dequantized int32 sums are the float ConvTranspose of the
@@ -138,8 +150,8 @@ def _decline(case):
         g = G(opset=21)
         x = g.qdq(g.input("x", [1, 4, 5, 5]), 1e-3, 0, np.int16)
         w = g.weight(RNG.standard_normal((4, 2, 3, 3)) * 0.3, axis=1)
-    elif case == "axis0":
-        w = g.weight(RNG.standard_normal((4, 2, 3, 3)) * 0.3, axis=0)
+    elif case in ("axis0", "axis2"):
+        w = g.weight(RNG.standard_normal((4, 2, 3, 3)) * 0.3, axis=int(case[-1]))
     g.output(g.qdq(g.node("ConvTranspose", [x, w], **attrs), 0.05))
     return g.model()
 
@@ -151,6 +163,7 @@ def _decline(case):
         ("output_shape", "the output_shape attribute is not supported"),
         ("int16", "operands are not 8-bit, per-tensor input and weight (int16, int8)"),
         ("axis0", "weights quantized per input channel (axis 0) with several input channels per group"),
+        ("axis2", "weights quantized per channel along axis 2 (only 1, the output channels, or 0)"),
         ("symbolic", "a strided ConvTranspose needs a static spatial input shape"),
     ],
 )
