@@ -1,14 +1,17 @@
 """ConvTranspose of an 8-bit input and a constant 8-bit weight in integers (ONNX has no ConvTransposeInteger
 and onnxruntime's ConvTranspose is float-only), an exact int32 accumulator typed ``s_x * s_w`` as Conv's.
 
-- kernel == stride, no dilation, one group, no output padding (the 2x2 stride-2 upsampling of segmentation
-  heads): every input pixel writes its own ``kernel`` block, so it is a MatMulInteger over the input
-  channels, ``[N, H*W, C_in] @ [C_in, C_out*kh*kw]``, then depth-to-space (Reshape/Transpose) and a Slice
-  for the pads.
-- anything else: the transposed convolution is the stride-1 convolution of the input with ``stride - 1``
-  zero points inserted between its pixels, padded by ``dilation * (kernel - 1) - pad`` (plus the output
-  padding at the end), with the kernel flipped and its channel axes swapped per group: Unsqueeze/Pad/Reshape
-  insert the zero points, a Slice crops where a pad exceeds the kernel, ConvInteger does the sums.
+- one group, no dilation, every axis strided (static spatial shape): blockwise. The kernel, padded to
+  ``m = ceil(kernel / stride)`` strides, is ``m`` blocks of one stride; one MatMulInteger over the input
+  channels, ``[N, H*W, C_in] @ [C_in, m*C_out*s]``, gives every block's output, each a depth-to-space
+  (Reshape/Transpose) shifted by its block index (int32 Pad) and summed (Add); then the pads (Slice) and
+  output padding (int32 Pad). kernel == stride (the 2x2 stride-2 upsampling of segmentation heads) is one
+  block: no shift, no sum. The MACs are the kernel's padded to whole strides (16 for 9 at 3x3 stride 2).
+- anything else (groups, dilations, stride 1): the transposed convolution is the stride-1 convolution of the
+  input with ``stride - 1`` zero points inserted between its pixels, padded by ``dilation * (kernel - 1) -
+  pad`` (plus the output padding at the end), with the kernel flipped and its channel axes swapped per group:
+  Unsqueeze/Pad/Reshape insert the zero points, a Slice crops where a pad exceeds the kernel, ConvInteger
+  does the sums (``stride**d`` times the MACs of the ConvTranspose, most of them on zero points).
 
 Weights per output channel (axis 1, onnxruntime's default for ConvTranspose) give a per-channel accumulator;
 per input channel (axis 0) only where each group has one input channel (depthwise). auto_pad SAME_* is taken
@@ -111,15 +114,14 @@ def _accumulator(x: Affine, w: Affine, wv: np.ndarray, a: dict) -> Affine:
     return qparams.conv_accumulator(x, Affine(per_out, w.zero_point, w.dtype, w.bound), taps, nd)
 
 
-def _is_depth_to_space(node, a: dict, nd: int) -> bool:
-    """Every input pixel writes its own output block (kernel == stride): a MatMulInteger suffices (given the
-    static spatial shape its Reshapes need)."""
+def _is_blockwise(node, a: dict, nd: int) -> bool:
+    """One group, no dilation, every axis strided and a static spatial shape: the MatMulInteger form (its
+    Reshapes need the shape; at stride 1 the ConvInteger wastes nothing)."""
     return (
         _spatial(node) is not None
         and a["group"] == 1
-        and a["strides"] == a["kernel"]
         and a["dilations"] == [1] * nd
-        and a["output_padding"] == [0] * nd
+        and all(s > 1 for s in a["strides"])
     )
 
 
@@ -135,22 +137,57 @@ def _crop(lw: Lowerer, it, dtype, begin, end, hint: str):
     return lw.node("Slice", [it, *args], dtype, hint)
 
 
-def _depth_to_space(lw: Lowerer, ix, sp, x: Affine, w: Affine, wv: np.ndarray, a: dict):
-    """``[N,C,*S] -> [N,*S,C] @ [C, O*prod(k)] -> [N,O,S_0*k_0,...]`` (then the pads cropped)."""
-    cin, cout, ks = wv.shape[0], wv.shape[1], list(wv.shape[2:])
+def _zeros_padded(lw: Lowerer, it, pads: np.ndarray, hint: str):
+    """An int32 tensor padded with zeros (real zeros: the accumulator has zero point 0)."""
+    return lw.node("Pad", [it, lw.const(pads, "pads")], np.int32, hint, attrs={"mode": "constant"})
+
+
+def _blockwise(lw: Lowerer, ix, sp, x: Affine, w: Affine, wv: np.ndarray, a: dict):
+    """The kernel padded (with the weight's zero point) to ``m * stride`` per axis and cut into ``m`` blocks
+    of one stride each: ``[N,*S,C] @ [C, (m..., O, s...)]`` gives every block's output, each block is a
+    depth-to-space shifted by its block index in input pixels, their int32 sum the full output; then the
+    pads."""
+    cin, cout, ks, st = wv.shape[0], wv.shape[1], list(wv.shape[2:]), a["strides"]
     nd = len(ks)
+    ms = [-(-k // s) for k, s in zip(ks, st, strict=True)]
+    wp = np.pad(wv, [(0, 0), (0, 0)] + [(0, m * s - k) for m, s, k in zip(ms, st, ks, strict=True)],
+                constant_values=w.zero_point)
+    wp = wp.reshape(cin, cout, *(d for m, s in zip(ms, st, strict=True) for d in (m, s)))
+    # [C, O, m_0, s_0, m_1, s_1, ...] -> [C, m_0, m_1, ..., O, s_0, s_1, ...]
+    order = [0, *(2 + 2 * i for i in range(nd)), 1, *(3 + 2 * i for i in range(nd))]
+    wm = lw.const(np.ascontiguousarray(wp.transpose(order).reshape(cin, -1)), "weight")
     rows = lw.node("Transpose", [ix], x.dtype, "to_rows", attrs={"perm": [0, *range(2, 2 + nd), 1]})
-    wm = lw.const(np.ascontiguousarray(wv.reshape(cin, -1)), "weight")
     y = lw.node("MatMulInteger", [rows, wm, *_zero_points(lw, x, w)], np.int32, "conv_transpose")
     lw.ctx.count("lower_integer", "MatMulInteger")
-    blocks = lw.const(np.array([0, *sp, cout, *ks], np.int64), "shape")
-    y = lw.node("Reshape", [y, blocks], np.int32, "blocks")
-    # [N, S_0..S_nd-1, O, k_0..k_nd-1] -> [N, O, S_0, k_0, S_1, k_1, ...]
-    perm = [0, 1 + nd] + [p for i in range(nd) for p in (1 + i, 2 + nd + i)]
-    y = lw.node("Transpose", [y], np.int32, "depth_to_space", attrs={"perm": perm})
-    full = [s * k for s, k in zip(sp, ks, strict=True)]
+    shape = lw.const(np.array([0, *sp, *ms, cout, *st], np.int64), "shape")
+    y = lw.node("Reshape", [y, shape], np.int32, "blocks")  # [N, *S, *m, O, *s]
+    total = None
+    for block in np.ndindex(*ms):  # block ``b`` lands ``b`` input pixels further along each axis
+        part = y
+        if math.prod(ms) > 1:
+            starts, axes = np.array(block, np.int64), np.arange(1 + nd, 1 + 2 * nd, dtype=np.int64)
+            args = [lw.const(starts, "starts"), lw.const(starts + 1, "ends"), lw.const(axes, "axes")]
+            part = lw.node("Slice", [y, *args], np.int32, "block")
+            rank = 2 + 3 * nd
+            pads = np.zeros(2 * rank, np.int64)
+            pads[1 : 1 + nd] = block
+            pads[rank + 1 : rank + 1 + nd] = np.array(ms) - 1 - np.array(block)
+            part = _zeros_padded(lw, part, pads, "shift")
+        total = part if total is None else lw.node("Add", [total, part], np.int32, "overlap")
+    # [N, *J, 1..., O, *s] -> [N, 1..., O, J_0, s_0, J_1, s_1, ...] (the Reshape drops the 1s)
+    perm = [0, *range(1 + nd, 2 + 2 * nd)] + [p for i in range(nd) for p in (1 + i, 2 + 2 * nd + i)]
+    y = lw.node("Transpose", [total], np.int32, "depth_to_space", attrs={"perm": perm})
+    full = [(n + m - 1) * s for n, m, s in zip(sp, ms, st, strict=True)]
     y = lw.node("Reshape", [y, lw.const(np.array([0, cout, *full], np.int64), "shape")], np.int32, "image")
-    return _crop(lw, y, np.int32, a["begin"], a["end"], "pads")
+    # the output: ``[begin, begin + length)`` of the full one, zeros past its end (output padding)
+    length = [(n - 1) * s + k + op - b - e for n, s, k, op, b, e in
+              zip(sp, st, ks, a["output_padding"], a["begin"], a["end"], strict=True)]
+    over = [b + n - f for b, n, f in zip(a["begin"], length, full, strict=True)]
+    if max(over) > 0:
+        pads = np.zeros(2 * (2 + nd), np.int64)
+        pads[4 + nd :] = np.maximum(over, 0)
+        y = _zeros_padded(lw, y, pads, "output_padding")
+    return _crop(lw, y, np.int32, a["begin"], [max(-o, 0) for o in over], "pads")
 
 
 def _zero_inserted(lw: Lowerer, ix, x: Affine, sp: list[int], strides: list[int]):
@@ -190,8 +227,9 @@ def _as_conv(lw: Lowerer, ix, sp, x: Affine, w: Affine, wv: np.ndarray, a: dict)
 
 
 class ConvTranspose(Rule):
-    """ConvTranspose of an 8-bit per-tensor input and a constant 8-bit weight → MatMulInteger + depth-to-space
-    (kernel == stride) or ConvInteger of the zero-inserted input (+ int32 bias Add)."""
+    """ConvTranspose of an 8-bit per-tensor input and a constant 8-bit weight → one MatMulInteger and
+    shifted depth-to-space blocks (one group, no dilation, strided), else ConvInteger of the zero-inserted
+    input (+ int32 bias Add)."""
 
     pattern = Op("ConvTranspose")
 
@@ -204,9 +242,9 @@ class ConvTranspose(Rule):
         wv = const_array(iw)
         nd = wv.ndim - 2
         a = _attrs(node, nd, wv.shape[2:])
-        if _is_depth_to_space(node, a, nd):
-            out = _depth_to_space(lw, ix, _spatial(node), x, w, wv, a)
-            lw.ctx.count("lower_integer", "ConvTranspose as MatMulInteger (depth-to-space)")
+        if _is_blockwise(node, a, nd):
+            out = _blockwise(lw, ix, _spatial(node), x, w, wv, a)
+            lw.ctx.count("lower_integer", "ConvTranspose as MatMulInteger (blockwise)")
         else:
             out = _as_conv(lw, ix, _spatial(node), x, w, wv, a)
             lw.ctx.count("lower_integer", "ConvTranspose as ConvInteger (zero-inserted)")

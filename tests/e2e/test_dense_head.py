@@ -117,7 +117,7 @@ def test_saliency_head_converts_strictly(saliency_fp32, digits, tmp_path):
     report, ops = _check(saliency_fp32, digits, tmp_path, "int8_sym", preprocess=False)
     assert {"BatchNormalization", "Relu"} <= ops, ops
     counts = report.counts["lower_integer"]
-    assert counts["ConvTranspose as MatMulInteger (depth-to-space)"] == 1
+    assert counts["ConvTranspose as MatMulInteger (blockwise)"] == 1
     assert counts["Resize (linear) as int32 MatMuls"] == 1
 
 
@@ -132,7 +132,7 @@ def test_saliency_head_variants(saliency_fp32, digits, tmp_path, variant, prepro
 
 @pytest.mark.slow
 def test_saliency_head_with_an_overlapping_deconvolution(digits_torch, digits, tmp_path):
-    """kernel 3, stride 2, pad 1, output padding 1 (the zero-inserted ConvInteger form), and DPT's
+    """kernel 3, stride 2, pad 1, output padding 1 (four blocks, shifted and summed), and DPT's
     ``align_corners`` upsampling (weights in fifteenths)."""
     from ivit_onnx.models.export import export_onnx
 
@@ -140,4 +140,4 @@ def test_saliency_head_with_an_overlapping_deconvolution(digits_torch, digits, t
     model = _trained(digits_torch, digits, align_corners=True, **deconv)
     export_onnx(model, torch.from_numpy(digits[2][:2]), tmp_path / "fp32.onnx", "torchscript", opset=17)
     report, _ = _check(tmp_path / "fp32.onnx", digits, tmp_path, "uint8_asym", preprocess=True)
-    assert report.counts["lower_integer"]["ConvTranspose as ConvInteger (zero-inserted)"] == 1
+    assert report.counts["lower_integer"]["ConvTranspose as MatMulInteger (blockwise)"] == 1

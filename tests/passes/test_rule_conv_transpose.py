@@ -35,22 +35,43 @@ def _graph(cin, cout_g, spatial, kernel, axis=1, bias=True, x_dtype=np.uint8, ba
 
 
 CASES = {
-    # the segmentation head's 2x2 stride-2 upsampling: MatMulInteger + depth-to-space
-    "k2_s2": (dict(cin=4, cout_g=3, spatial=[5, 6], kernel=[2, 2], strides=[2, 2]), "depth-to-space"),
+    # the segmentation head's 2x2 stride-2 upsampling: one MatMulInteger + depth-to-space
+    "k2_s2": (dict(cin=4, cout_g=3, spatial=[5, 6], kernel=[2, 2], strides=[2, 2]), "blockwise"),
     "k2_s2_pads_per_tensor": (
         dict(cin=4, cout_g=3, spatial=[5, 6], kernel=[2, 2], strides=[2, 2], pads=[1, 0, 0, 1], axis=None),
-        "depth-to-space",
+        "blockwise",
     ),
+    # kernel > stride: blocks of one stride, shifted and summed
     "k3_s2_p1_op1": (
         dict(cin=4, cout_g=3, spatial=[5, 4], kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
              output_padding=[1, 1]),
-        "zero-inserted",
+        "blockwise",
     ),
-    "k3_s2_p1_op1_per_tensor": (
+    "k3_s2_p1_op1_per_tensor": (  # the kernel padded with the uint8 weight's zero point
         dict(cin=4, cout_g=3, spatial=[5, 4], kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
              output_padding=[1, 1], axis=None),
-        "zero-inserted",
+        "blockwise",
     ),
+    "pads_past_reach_int8": (
+        dict(cin=4, cout_g=3, spatial=[6, 7], kernel=[3, 2], strides=[2, 3], pads=[3, 1, 2, 2],
+             output_padding=[1, 2], x_dtype=np.int8, bias=False),
+        "blockwise",
+    ),
+    "k5_s2_op1_1d": (
+        dict(cin=3, cout_g=4, spatial=[7], kernel=[5], strides=[2], pads=[2, 1], output_padding=[1]),
+        "blockwise",
+    ),
+    "blockwise_3d": (
+        dict(cin=2, cout_g=3, spatial=[3, 4, 2], kernel=[3, 2, 4], strides=[2, 2, 3],
+             pads=[1, 0, 0, 0, 1, 1]),
+        "blockwise",
+    ),
+    # even total padding: the two sides take half each, as the output ``input * stride`` needs
+    "same_upper_k4_s2": (
+        dict(cin=4, cout_g=3, spatial=[5, 6], kernel=[4, 4], strides=[2, 2], auto_pad="SAME_UPPER"),
+        "blockwise",
+    ),
+    # groups, dilations, stride 1: the ConvInteger of the zero-inserted input
     "groups": (
         dict(cin=6, cout_g=2, spatial=[4, 5], kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], group=3),
         "zero-inserted",
@@ -61,18 +82,13 @@ CASES = {
         "zero-inserted",
     ),
     # pads past the kernel's reach crop the input; the end takes the output padding
-    "pads_past_reach_int8": (
+    "groups_pads_past_reach_int8": (
         dict(cin=4, cout_g=3, spatial=[6, 7], kernel=[3, 2], strides=[2, 3], pads=[3, 1, 2, 2],
-             output_padding=[1, 2], x_dtype=np.int8, bias=False),
+             output_padding=[1, 2], x_dtype=np.int8, bias=False, group=2),
         "zero-inserted",
     ),
     "dilated_1d": (
         dict(cin=3, cout_g=4, spatial=[9], kernel=[3], strides=[2], dilations=[2], pads=[1, 0]),
-        "zero-inserted",
-    ),
-    # even total padding: the two sides take half each, as the output ``input * stride`` needs
-    "same_upper_k4_s2": (
-        dict(cin=4, cout_g=3, spatial=[5, 6], kernel=[4, 4], strides=[2, 2], auto_pad="SAME_UPPER"),
         "zero-inserted",
     ),
     "same_lower_k3_s1": (
@@ -92,7 +108,7 @@ def test_matches_fake_quant_on_every_backend(case):
     assert run(out, feed)[0].shape == run(fq, feed)[0].shape
     counts = report.counts["lower_integer"]
     assert [k for k in counts if k.startswith("ConvTranspose as")] == [
-        next(k for k in ("ConvTranspose as MatMulInteger (depth-to-space)",
+        next(k for k in ("ConvTranspose as MatMulInteger (blockwise)",
                          "ConvTranspose as ConvInteger (zero-inserted)") if path in k)
     ]
     assert ("ConvInteger" in op_counts(out)) == (path == "zero-inserted")

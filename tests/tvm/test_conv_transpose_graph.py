@@ -1,5 +1,5 @@
-"""Converted ConvTranspose graphs (the MatMulInteger depth-to-space form and the zero-inserted ConvInteger
-form, groups and dilations included) through TVM on llvm equal onnxruntime's run of them bit for bit."""
+"""Converted ConvTranspose graphs (the blockwise MatMulInteger form and the zero-inserted ConvInteger form,
+groups and dilations included) through TVM on llvm equal onnxruntime's run of them bit for bit."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from ivit_onnx.engines.tvm import compile_model  # noqa: E402
 pytestmark = pytest.mark.tvm
 
 
-@pytest.mark.parametrize("case", ["k2_s2", "groups", "pads_past_reach_int8", "dilated_1d"])
+@pytest.mark.parametrize(
+    "case", ["k2_s2", "k3_s2_p1_op1", "blockwise_3d", "groups", "groups_pads_past_reach_int8", "dilated_1d"]
+)
 def test_conv_transpose_bit_exact_on_llvm(case):
     fq, feed = _graph(**CASES[case][0])
     out, _ = rewrite(fq)
