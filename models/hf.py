@@ -227,6 +227,23 @@ class _Classifier(torch.nn.Module):
         return ImageClassifierOutput(logits=self.classifier(hidden.mean(1)))
 
 
+class SentenceEmbedding(torch.nn.Module):
+    """A sentence-transformers embedding model as it is deployed: a BERT-family encoder, masked mean pooling
+    of its tokens (``Pooling``: the token count clamped at 1e-9) and ``Normalize`` (``F.normalize``, p=2); the
+    output is the unit embedding."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        tokens = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).expand(tokens.size()).to(tokens.dtype)
+        pooled = torch.sum(tokens * mask, 1) / torch.clamp(mask.sum(1), min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+
 def build(family: str, seed: int = 0):
     """The ``transformers`` model of ``family`` with seeded random weights (transformers' default attention,
     SDPA), in eval mode."""

@@ -5,7 +5,9 @@ The exporters' forms: TorchScript and dynamo both write ``Div(x, Expand(Clip(Red
 hand-written ones use ``Sqrt(ReduceSum(x*x))`` or ``Pow(x, 2)``, ``Max`` for the clamp, ``Mul`` by a
 ``Reciprocal``, or no clamp. LpNormalization has no ``eps``: it equals ``x / max(||x||, eps)`` exactly when
 ``eps`` is at most the input's quantization step (a non-zero row of multiples of ``s`` has norm ``>= s``, and
-both give 0 on a zero row), which the rule checks; ``lower_integer`` turns the marker into IL2Norm.
+both give 0 on a zero row), which the rule checks (or, where the input has no DequantizeLinear, e.g. a pooled
+mean computed in integers, ``rules/l2norm.py`` once the input's type is known); ``lower_integer`` turns the
+marker into IL2Norm.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from ivit_onnx.graph import const_array, producer
 
 from .pattern import Const, FusePass, OneOf, Op, Rule, Var, last_axis, reduce_axes
 
+#: ``ctx.notes`` key: the output -> ``eps`` of the fused normalizations whose input has no DequantizeLinear
+#: (its integer type, and so its step, is known only when ``lower_integer`` reaches it)
+EPS_NOTE = "l2norm_eps"
 #: ops whose output holds a subset of the values of their data input 0 (the input's scale carries over)
 LAYOUT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Gather", "Slice", "Split", "Flatten",
                     "Identity", "Expand"})
@@ -52,10 +57,10 @@ class L2Normalize(Rule):
             if m.eps.size != 1:
                 return "epsilon is not a scalar"
             step = input_step(m.x)
-            if step is None:
-                return "epsilon: the input's scale is unknown (no DequantizeLinear before it)"
             eps = float(m.eps.reshape(()))
-            if eps > step:
+            if step is None:  # computed in integers (a pooled mean): the lowering checks its step
+                ctx.notes.setdefault(EPS_NOTE, {})[m.root.outputs[0].name] = eps
+            elif eps > step:
                 return f"epsilon {eps:.3g} exceeds the input's quantization step {step:.3g}"
         return None
 

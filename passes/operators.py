@@ -43,6 +43,11 @@ NO_RULE: dict[str, tuple[str, ...]] = {
     ),
     "bit reinterpretation: no affine meaning": ("BitCast",),
     "float tests: an integer tensor is never NaN or infinite (the SDPA NaN guard is a rule)": ("IsInf",),
+    "makes constants or shape values, never an activation: folds (``fold_constants``), or runs as is on "
+    "integers": ("Constant", "ConstantOfShape", "EyeLike", "OneHot", "Range", "Size", "CastLike"),
+    "opset 23-24 fused forms: exporters at opsets 17-21 write their decomposition, which has rules": (
+        "Attention", "RMSNormalization", "RotaryEmbedding", "Swish", "SwiGLU",
+    ),
     "stateful or recurrent kernels of recent opsets: not emitted for encoders": (
         "CausalConvWithState", "LinearAttention", "TensorScatter",
     ),

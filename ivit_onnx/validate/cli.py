@@ -138,6 +138,12 @@ def parser() -> argparse.ArgumentParser:
         "checked when given)",
     )
     g.add_argument("--per-layer", action="store_true", help=PER_LAYER)
+    g.add_argument(
+        "--per-op",
+        action="store_true",
+        help="each Softmax/GELU/LayerNorm/L2-norm kernel fed the fake-quant model's own integer input: its "
+        "output's difference from the float op followed by its quantize, in LSB (needs --fake-quant)",
+    )
     g.add_argument("--json", metavar="FILE", help="write the full results as JSON")
     g.add_argument("--progress", action="store_true", help="progress bar on stderr even when not a TTY")
     return p

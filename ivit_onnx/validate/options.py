@@ -39,6 +39,7 @@ class ValidateOptions:
     min_sqnr: float = DEFAULT_MIN_SQNR
     min_agreement: float | None = None
     per_layer: bool = False
+    per_op: bool = False  #: each approximating kernel's own error, fed the fake-quant integers
     json: str | None = None
     progress: bool = False
 

@@ -47,6 +47,8 @@ def render(result: Result, min_cosine: float) -> str:
             lines.append(f"  {k:22} {v['samples']:7d} {100 * v['top1']:7.2f}% {top5:>8}")
     if result.per_layer:
         lines += _render_layers(result.per_layer, min_cosine)
+    if result.per_op:
+        lines += _render_ops(result.per_op)
     failed = [c.name for c in result.checks if c.status == FAILED]
     lines.append("")
     if failed:
@@ -78,6 +80,24 @@ def _render_layers(rows: list, min_cosine: float) -> list[str]:
         )
     if first:
         lines.append(f"  first below --min-cosine {min_cosine}: '{first.tensor}' (cosine {first.cosine:.5f})")
+    return lines
+
+
+def _render_ops(rows: list) -> list[str]:
+    from .per_op import summary
+
+    lines = [
+        "",
+        "  PER-OP (first batch): each kernel fed the fake-quant model's integers, vs the float op then its "
+        "quantize, in output LSB",
+        f"  {'OP':14} {'NODE':44} {'ELEMENTS':>9} {'EXACT':>7} {'MEAN LSB':>9} {'MAX LSB':>8}",
+    ]
+    for r in rows:
+        lines.append(f"  {r.op:14} {_short(r.node, 44):44} {r.elements:9d} {100 * r.exact:6.2f}% "
+                     f"{r.mean_lsb:9.4f} {r.max_lsb:8d}")
+    for op, s in summary(rows).items():
+        lines.append(f"  {op}: {s['nodes']} node(s), worst {s['max_lsb']} LSB, mean {s['mean_lsb']:.4f} LSB, "
+                     f"{100 * s['exact']:.2f}% exact")
     return lines
 
 

@@ -23,13 +23,15 @@ class Check:
 @dataclass
 class Result:
     """Checks in order (WARNING and SKIPPED do not fail), metrics per comparison and output, accuracy on
-    labels, per-layer rows (``--per-layer``) and ``info`` (inputs, backends, throughput, errors)."""
+    labels, per-layer rows (``--per-layer``), per-kernel rows (``--per-op``) and ``info`` (inputs, backends,
+    throughput, errors)."""
 
     model: str
     checks: list[Check] = field(default_factory=list)
     comparisons: dict[str, dict] = field(default_factory=dict)
     accuracy: dict[str, dict] = field(default_factory=dict)
     per_layer: list = field(default_factory=list)
+    per_op: list = field(default_factory=list)
     info: dict = field(default_factory=dict)
 
     @property
@@ -51,6 +53,7 @@ class Result:
                 "comparisons": self.comparisons,
                 "accuracy": self.accuracy,
                 "per_layer": [r.as_dict() for r in self.per_layer],
+                "per_op": [r.as_dict() for r in self.per_op],
             }
         )
 

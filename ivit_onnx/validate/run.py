@@ -135,6 +135,8 @@ class Session:
         base_ok = self.base is not None and self.base.name not in self.failed
         if a.per_layer and base_ok and first_feeds is not None:
             self._per_layer(model, first_feeds)
+        if a.per_op and first_feeds is not None:
+            self._per_op(model, first_feeds)
         self.result.comparisons = comparison_table(self.stats)
         self.checks += fake_quant_checks(self.stats.get("fake-quant"), a)
         self.result.accuracy = {k: v.as_dict() for k, v in self.acc.items() if v.samples}
@@ -263,3 +265,26 @@ class Session:
         fq_values = fq_runner.run_with(_feeds_for(fq_runner, feeds), wanted)
         self.result.per_layer = compare.per_layer(model, values, fq_values, tmap, self.opts.min_cosine)
         self.info["per_layer_unmatched"] = len(tmap) - len(self.result.per_layer)
+
+    def _per_op(self, model: onnx.ModelProto, feeds: dict) -> None:
+        """Each approximating kernel's own error on the fake-quant model's integers (``per_op``)."""
+        from .per_op import needed, per_op, summary
+
+        label, fq_runner = "per-op vs fake-quant", self.refs.get("fake-quant")
+        if not self.tmap:
+            self.checks.append(Check(label, SKIPPED, "no ivit_onnx.tensor_map"))
+            return
+        if fq_runner is None or "fake-quant" in self.failed:
+            self.checks.append(Check(label, SKIPPED, "needs --reference FQ.onnx"))
+            return
+        fq_feeds = _feeds_for(fq_runner, feeds)
+        try:
+            fq_values = fq_runner.run_with(fq_feeds, needed(model, self.tmap))
+            rows, skipped = per_op(model, feeds, fq_values, self.tmap)
+        except Exception as e:  # noqa: BLE001 - a kernel that cannot run alone is a failed check, one line
+            self.checks.append(Check(label, FAILED, one_line(e)))
+            return
+        self.result.per_op = rows
+        worst = ", ".join(f"{op} {s['max_lsb']} LSB" for op, s in summary(rows).items())
+        self.checks.append(Check(label, PASSED if rows else SKIPPED,
+                                 f"{len(rows)} kernel(s); worst: {worst or '-'}", skipped))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import (
     batchnorm,
     chain,
+    compare,
     conv_transpose,
     elementwise,
     l2norm,
@@ -54,6 +55,8 @@ LOWERING = (
     pool.AveragePoolRule(),  # #27
     lookup.TableLookup(),  # #22 (BERT's pooler Tanh)
     l2norm.L2Norm(),  # #27 (Swinv2's cosine attention, F.normalize)
+    compare.ArgExtreme(),  # #27 (ArgMax / ArgMin)
+    compare.Compare(),  # #27 (Equal / Greater / Less ... of a quantized tensor)
 )
 RULES = {op: rule for rule in LOWERING for op in rule.pattern.ops}
 # Tried before the table's rule for their op: token masks (two-valued floats of the int64 mask input),

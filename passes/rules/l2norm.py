@@ -3,13 +3,17 @@
 The input's zero point is removed inside the op; a per-channel accumulator first becomes per tensor, an input
 too wide for an exact sum of squares is shifted down first (``qparams.l2norm``). The output is written in the
 following QuantizeLinear's type where that is per tensor, else int16 at ``2**-15``. ``eps`` is 0: the marker
-is exact only where ``F.normalize``'s ``eps`` lies below the input's step (the fusion checks it).
+is exact only where ``F.normalize``'s ``eps`` lies below the input's step (the fusion checks it, or, for an
+input computed in integers, this rule, from the input's type).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from ivit_onnx import qparams
 
+from ..fuse_l2norm import EPS_NOTE
 from ..pattern import Op, Rule, last_axis
 from .nonlinear import _emit, _last_dim
 
@@ -29,6 +33,10 @@ class L2Norm(Rule):
             return "not over the last axis"
         if _last_dim(node.inputs[0]) is None:
             return "the row length is unknown"
+        eps = lw.ctx.notes.get(EPS_NOTE, {}).get(node.outputs[0].name)
+        step = float(np.min(lw.get(node.inputs[0])[1].scale))
+        if eps is not None and eps > step:
+            return f"epsilon {eps:.3g} exceeds the input's quantization step {step:.3g}"
         return None
 
     def rewrite(self, lw, m):

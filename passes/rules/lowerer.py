@@ -176,6 +176,18 @@ class Lowerer:
         self.g.nodes.append(node)
         return outs[0] if n_out == 1 else outs
 
+    def where(self, cond, a, b, dtype, hint: str, shape=None) -> gs.Variable:
+        """``Where(cond, a, b)`` of integers of ``dtype``: onnxruntime's CPU provider has no 16-bit Where, so
+        those run in int32 between two Casts (exact: every 16-bit value is an int32)."""
+        dtype = np.dtype(dtype)
+        if dtype.itemsize != 2:
+            return self.node("Where", [cond, a, b], dtype, hint, shape=shape)
+        wide = [self.node("Cast", [x], np.int32, f"{hint}_wide", attrs={"to": np.int32}, shape=x.shape)
+                if isinstance(x, gs.Variable) else self.const(np.asarray(x.values, np.int32), f"{hint}_wide")
+                for x in (a, b)]
+        out = self.node("Where", [cond, *wide], np.int32, hint, shape=shape)
+        return self.node("Cast", [out], dtype, f"{hint}_narrow", attrs={"to": dtype.type}, shape=shape)
+
     def private(self, op: str, inputs: list, out_dtype, hint: str, shape=None, **attrs) -> gs.Variable:
         """A node of the private opset, checked against its spec."""
         spec = OPS[op]

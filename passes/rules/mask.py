@@ -177,10 +177,8 @@ class MaskedAdd(Rule):
         if quantized_sum(lw, node.outputs[0]) is not None:
             (t, fill, masked), _ = _quantized_plan(lw, node, scores, c)
             y = lw.requantize(*lw.per_tensor(*lw.get(scores)), t, "mask_sum")  # the unmasked entries: S + 0
-            out = lw.node(
-                "Where", [lw.const(masked, "masked"), lw.zp(fill, t.dtype, "fill"), y], t.dtype, "mask"
-            )
-            out.shape = node.outputs[0].shape
+            out = lw.where(lw.const(masked, "masked"), lw.zp(fill, t.dtype, "fill"), y, t.dtype, "mask",
+                           shape=node.outputs[0].shape)
             lw.set(node.outputs[0], out, t)
             lw.ctx.count("lower_integer", self.label)
             return Outcome.HANDLED

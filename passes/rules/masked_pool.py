@@ -8,7 +8,11 @@ the clipped token count. Its integer meaning, rule by rule:
 - ``ReduceSum`` of an integer tensor (``IntegerSum``): ``ReduceSum(int32(q - zp))``, the same scale, its
   bound times the axis length (int32, checked);
 - ``Clip`` of an integer tensor with float bounds on its grid (``GridClip``): the same Clip on the integers;
-- ``Div(sum, count)``, the count an integer ``Clip`` made ``>= 1``, then a QuantizeLinear (``MeanDiv``): with
+  a mask count's lower bound between 0 and one count (sentence-transformers' ``clamp(min=1e-9)``) is 1: it
+  differs from the float clip only where the count is 0, where the sum of the same mask's tokens is 0 too,
+  so the mean is 0 either way (``MeanDiv`` checks the sum is masked by the same mask);
+- ``Div(sum, count)``, the count an integer ``Clip`` made ``>= 1``, then a QuantizeLinear or, with none
+  (the pooled embedding itself), int16 over the largest mean (``MeanDiv``): with
   ``M = s_sum / (s_count * s_y) ~ b / 2**c``, ``q_y = clip(floor((2*S*b + N*2**c) / (N*2**(c+1))) + zp_y)``,
   i.e. ``S*M/N`` rounded half up once, in int64 (floor division as ``(t - Mod(t, d)) / d``, exact for
   ``d > 0``). The dyadic ``M`` is the only approximation (relative error below ``2**-(bits-1)``);
@@ -60,6 +64,7 @@ def _sum(lw, m, it: gs.Tensor, a: Affine, label: str) -> Outcome:
     out = _reduce(lw, _int32(lw, it), m.root, "sum")
     n = _axis_length(m.x, reduce_axes(m.root), lw.opt.max_row)
     lw.set(m.root.outputs[0], out, Affine(a.scale, 0, np.int32, bound=a.bound * n))
+    lw.__dict__.setdefault("term_bounds", {})[m.root.outputs[0].name] = int(a.bound)  # the mean's bound
     lw.ctx.count("lower_integer", label)
     return Outcome.HANDLED
 
@@ -82,8 +87,9 @@ class MaskedMul(Rule):
         x, y = m.root.inputs
         (it, a), mask = (lw.get(x), lookup(lw, y)) if lw.get(x) is not None else (lw.get(y), lookup(lw, x))
         keep = lw.node("Cast", [mask.keep], np.bool_, "keep", attrs={"to": np.bool_})
-        out = lw.node("Where", [keep, it, lw.zp(a.zero_point, a.dtype, "zp")], a.dtype, "masked")
+        out = lw.where(keep, it, lw.zp(a.zero_point, a.dtype, "zp"), a.dtype, "masked", shape=it.shape)
         lw.set(m.root.outputs[0], out, a.scaled(float(mask.on)))
+        _masked_by(lw)[m.root.outputs[0].name] = mask.keep.name
         lw.ctx.count("lower_integer", self.label)
         return Outcome.HANDLED
 
@@ -104,6 +110,7 @@ class MaskCount(Rule):
 
     def rewrite(self, lw, m):
         mask = lookup(lw, m.x)
+        _masked_by(lw)[m.root.outputs[0].name] = mask.keep.name
         return _sum(lw, m, mask.keep, Affine(np.float64(mask.on), 0, np.int32, bound=1), self.label)
 
 
@@ -123,6 +130,8 @@ class IntegerSum(Rule):
         return None if got[1].bound * n <= _INT32_MAX else f"a sum of {n} values may overflow int32"
 
     def rewrite(self, lw, m):
+        if m.x.name in _masked_by(lw):  # a sum of masked tokens: zero wherever the mask's count is
+            _masked_by(lw)[m.root.outputs[0].name] = _masked_by(lw)[m.x.name]
         return _sum(lw, m, *lw.symmetric(*lw.get(m.x)), self.label)
 
 
@@ -131,15 +140,30 @@ def _positive(lw) -> set[str]:
     return lw.__dict__.setdefault("positive_integers", set())
 
 
+def _masked_by(lw) -> dict[str, str]:
+    """Tensor name -> the token mask (its ``keep`` tensor) that zeroes it: masked tokens, their sums, and
+    the mask's counts (where the count is 0, every such tensor of the same mask is 0)."""
+    return lw.__dict__.setdefault("masked_by", {})
+
+
+def _ceiled(lw) -> set[str]:
+    """Names of mask counts clipped at a bound between 0 and one count (sentence-transformers' 1e-9): the
+    clip made them ``>= 1``, which differs from the float clip only where the count is 0."""
+    return lw.__dict__.setdefault("ceiled_counts", set())
+
+
 def _grid_bounds(lw, node: gs.Node):
     """``(lo, hi)`` integer bounds (None where absent) of a float Clip on its input's grid, or a reason."""
     it, a = lw.get(node.inputs[0])
     out = []
-    for t in node.inputs[1:3]:
+    for i, t in enumerate(node.inputs[1:3]):
         v = lw.const_float(t) if t.name else None
         if t.name and (v is None or v.size != 1):
             return f"bound '{t.name}' is not a scalar constant"
         q = None if v is None else float(v.reshape(())) / float(a.scale) + a.zero_point
+        count = i == 0 and node.inputs[0].name in _masked_by(lw) and a.zero_point == 0
+        if q is not None and count and 0 < q < 1:  # a mask count's clamp away from 0: at least 1
+            q = 1
         if q is not None and q != round(q):
             return f"bound {float(v.reshape(()))} is not on the input's integer grid"
         out.append(None if q is None else int(round(q)))
@@ -170,6 +194,12 @@ class GridClip(Rule):
         lw.set(m.root.outputs[0], out, Affine(a.scale, a.zero_point, a.dtype, bound=max(bound, 1)))
         if lo - a.zero_point >= 1:
             _positive(lw).add(m.root.outputs[0].name)
+        if m.x.name in _masked_by(lw):
+            _masked_by(lw)[m.root.outputs[0].name] = _masked_by(lw)[m.x.name]
+            low = m.root.inputs[1] if len(m.root.inputs) > 1 and m.root.inputs[1].name else None
+            bound = lw.const_float(low) if low is not None else None
+            if bound is not None and float(bound.reshape(())) < float(a.scale):
+                _ceiled(lw).add(m.root.outputs[0].name)
         lw.ctx.count("lower_integer", self.label)
         return Outcome.HANDLED
 
@@ -180,13 +210,20 @@ def _mean_params(lw, m):
     if got_s is None or got_n is None:
         return "sum or count is not quantized"
     (_, s), (_, n) = got_s, got_n
-    t = lw.target(m.root.outputs[0])
-    if t is None:
-        return "no QuantizeLinear after the mean"
-    if s.zero_point or n.zero_point or not (s.per_tensor and n.per_tensor and t.per_tensor):
+    if s.zero_point or n.zero_point or not (s.per_tensor and n.per_tensor):
+        return "sum and count must be per-tensor integers with zero point 0"
+    # no QuantizeLinear after it (sentence-transformers' pooled output, or its L2 normalization): int16 over
+    # the largest mean, the largest term (|sum| <= count * term), so nothing saturates
+    term = lw.__dict__.get("term_bounds", {}).get(m.s.name, s.bound)
+    t = lw.target(m.root.outputs[0]) or Affine(
+        np.float64(float(s.scale) * max(term, 1) / (float(n.scale) * 32767)), 0, np.dtype(np.int16)
+    )
+    if not t.per_tensor:
         return "sum and count must be per-tensor integers with zero point 0"
     if m.n.name not in _positive(lw):
         return "the divisor is not an integer clipped to at least 1"
+    if m.n.name in _ceiled(lw) and _masked_by(lw).get(m.s.name) != _masked_by(lw)[m.n.name]:
+        return "the count is clipped below 1 and the sum is not masked by the same mask (0 / 1e-9 differs)"
     ratio = float(s.scale) / (float(n.scale) * float(t.scale))
     b, c = lw.dyadic(np.float64(ratio), multiplier_bits(2 * s.bound + 1), "masked mean multiplier")
     b, c = int(np.asarray(b).reshape(())), int(np.asarray(c).reshape(()))

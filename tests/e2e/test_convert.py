@@ -99,13 +99,17 @@ def test_own_fake_quant_models(own_fq, digits):
         assert report.counts["fuse_layernorm"] == {"LayerNorm (decomposed)": 2 * DEPTH + 1}
 
 
+@pytest.mark.parametrize("preprocess", [True, False], ids=["quant_pre_process", "no_pre_process"])
 @pytest.mark.parametrize("variant", ["int8_sym", "uint8_asym", "partial"])
-def test_onnxruntime_quantize_static_models(variant, digits, digits_fp32_path, tmp_path):
+def test_onnxruntime_quantize_static_models(variant, preprocess, digits, digits_fp32_path, tmp_path):
+    """onnxruntime's ``quantize_static`` with and without the ``quant_pre_process`` its docs recommend
+    (shape inference and graph optimizations first: a different graph to convert)."""
     from ivit_onnx.models.ort_qdq import ort_quantize
 
     x_train = digits[0]
     path = tmp_path / f"ort_{variant}.onnx"
-    ort_quantize(digits_fp32_path, path, [x_train[i : i + 128] for i in range(0, 512, 128)], variant=variant)
+    ort_quantize(digits_fp32_path, path, [x_train[i : i + 128] for i in range(0, 512, 128)], variant=variant,
+                 preprocess=preprocess)
     _check_converted(path, digits)
 
 

@@ -29,6 +29,7 @@ CONFIGS = {
     "dynamo": (dict(img_size=32, depths=(2, 2)), "dynamo"),
     "ort_int8_sym": (dict(img_size=32, depths=(2, 2)), "int8_sym"),
     "ort_uint8_asym": (dict(img_size=32, depths=(2, 2)), "uint8_asym"),
+    "ort_int8_sym_no_pre_process": (dict(img_size=32, depths=(2, 2)), "int8_sym/no_pre_process"),
     "padded": (dict(img_size=28, depths=(2, 2)), "torchscript"),  # maps 14 and 7: windows of 4 pad to 16, 8
     "no_shift": (dict(img_size=32, depths=(1, 1)), "torchscript"),  # one unshifted block per stage
     "strided_merge": (dict(img_size=32, depths=(1, 1), strided=True), "torchscript"),  # timm < 0.9 merging
@@ -53,11 +54,12 @@ def _fake_quant(tmp_path, name: str) -> tuple[str, torch.nn.Module]:
     model, size = _model(**cfg), cfg["img_size"]
     calib = [_images(8, i, size) for i in range(2)]
     path = tmp_path / f"{name}_fq.onnx"
-    if form.startswith(("int8", "uint8")):
-        from ivit_onnx.models.ort_qdq import ort_quantize
+    if form.startswith(("int8", "uint8")):  # onnxruntime's quantize_static, "/no_pre_process": without
+        from ivit_onnx.models.ort_qdq import ort_quantize  # the quant_pre_process its docs recommend
 
+        variant, _, pre = form.partition("/")
         export_onnx(model, torch.from_numpy(calib[0][:2]), tmp_path / "fp32.onnx")
-        ort_quantize(tmp_path / "fp32.onnx", path, calib, variant=form)
+        ort_quantize(tmp_path / "fp32.onnx", path, calib, variant=variant, preprocess=not pre)
     else:
         fq = quantize(model, [torch.from_numpy(c) for c in calib])
         export_onnx(fq, torch.from_numpy(calib[0][:2]), path, exporter=form)

@@ -144,6 +144,44 @@ def test_vitmae_logits_are_deterministic(workshop):
     assert np.array_equal(a.argmax(1), b.argmax(1)) and np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
 
 
+def test_sentence_embedding_converts_end_to_end(workshop, tmp_path):
+    """A sentence-transformers model (the trained BERT's encoder, masked mean pooling with the 1e-9 clamp,
+    L2 normalize; the embedding is the output) through TorchScript and the mask recipe converts strictly, the
+    pooling and the normalization in integers, and follows the fake-quant embeddings: cosine >= 0.99 on every
+    test sentence, and the fake-quant model's nearest neighbours."""
+    import numpy as np
+    import onnx
+
+    from ivit_onnx.models.hf_export import export
+    from ivit_onnx.models.hf_quant import QUANTIZERS
+    from ivit_onnx.runners import make_runner
+
+    split = workshop.data("bert")
+    model = hf.SentenceEmbedding(workshop.model("bert").bert)
+    fp32, fq = tmp_path / "embed_fp32.onnx", tmp_path / "embed_fq.onnx"
+    export(model, "bert", fp32, "torchscript", {k: v[:2] for k, v in split.test.items()})
+    QUANTIZERS["ort_bert_recipe"](fp32, fq, split.calibration())
+    out, report = hm.convert(hm.Case("bert", "torchscript", "ort_bert_recipe"), fq)
+    counts = report.counts["lower_integer"]
+    assert counts["masked mean (integer division)"] == 1 and counts["IL2Norm"] == 1
+    feeds = {k: v[: hm.BATCH] for k, v in split.test.items()}
+    got = [next(iter(make_runner(b, m).run(feeds).values())).astype(np.float64)
+           for b, m in (("library", out), ("onnxruntime", onnx.load(fq)), ("onnxruntime", onnx.load(fp32)))]
+    emb_int, emb_fq, emb_fp32 = got
+    cosine = lambda a, b: np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))  # noqa: E731
+    neighbour = lambda e: np.argsort(-(e @ e.T), 1)[:, 1]  # noqa: E731
+    assert cosine(emb_int, emb_fq).min() >= hm.MIN_COSINE
+    # nearest neighbours: the fake-quant model's is the integer model's too, or within 0.01 of its similarity
+    # (this task's sentences embed close together, so exact ties of rank flip with any rounding)
+    sim, nn_fq = emb_int @ emb_int.T, neighbour(emb_fq)
+    np.fill_diagonal(sim, -np.inf)
+    assert np.all(sim[np.arange(len(sim)), nn_fq] >= sim.max(1) - 0.01)
+    print(f"embedding cosine int/fq min {cosine(emb_int, emb_fq).min():.5f}, int/fp32 mean "
+          f"{cosine(emb_int, emb_fp32).mean():.5f}, fq/fp32 mean {cosine(emb_fq, emb_fp32).mean():.5f}; "
+          f"nearest neighbour int=fq {np.mean(neighbour(emb_int) == neighbour(emb_fq)):.2f}, "
+          f"int=fp32 {np.mean(neighbour(emb_int) == neighbour(emb_fp32)):.2f}")
+
+
 def test_readme_table_is_this_run():
     """README.md's Hugging Face table is what this run found (``python benchmarks/hf_table.py --readme``
     rewrites it, from a run of every case, slow ones too). Runs last; compares only when every case of the

@@ -65,7 +65,7 @@ def _decline_graph(case):
         "div_float": lambda: g.node("Div", [f, f2]),
         "div_zp": lambda: g.node("Div", [x, count]),
     }.get(case, lambda: g.node("Div", [g.node("ReduceSum", [x, axis]), count]))()  # div_*: a mean
-    g.output(y if case == "div_no_q" else g.qdq(y, {"div_int32": 1e-9, "div_int64": 1e10}.get(case, S_Y)))
+    g.output(g.qdq(y, {"div_int32": 1e-9, "div_int64": 1e10}.get(case, S_Y)))
     return g.model()
 
 
@@ -81,7 +81,6 @@ def _decline_graph(case):
         ("clip_float", "Clip", "input is not quantized per tensor, or no bounds"),
         ("clip_bound", "Clip", "bound 'lo' is not a scalar constant"),
         ("div_float", "Div", "sum or count is not quantized"),
-        ("div_no_q", "Div", "no QuantizeLinear after the mean"),
         ("div_zp", "Div", "sum and count must be per-tensor integers with zero point 0"),
         ("div_unclipped", "Div", "the divisor is not an integer clipped to at least 1"),
         ("div_int64", "Div", "overflows int64"),
@@ -90,3 +89,55 @@ def _decline_graph(case):
 )
 def test_declines_with_the_reason(case, op, reason):
     declines(_decline_graph(case), op, reason)
+
+
+def _sentence_graph(normalize: bool, dtype=np.int8, same_mask: bool = True, opset: int = 18):
+    """sentence-transformers' pooling as its models export it: ``sum(x * mask) / clamp(sum(mask), 1e-9)``,
+    then ``F.normalize`` (ReduceL2, Clip 1e-12, Expand, Div) or not; no QuantizeLinear after either: the
+    output is the float embedding."""
+    g = G(opset=opset)
+    x = g.qdq(g.input("x", [3, 5, 4]), S_X, 0, dtype)
+    mask = g.node("Cast", [g.input("mask", [3, 5], TensorProto.INT64)], to=TensorProto.FLOAT)
+    wide = g.node("Unsqueeze", [mask, g.const([2], np.int64)])
+    wide = g.node("Expand", [wide, g.const([3, 5, 4], np.int64)])
+    masked = g.node("Mul", [x, wide]) if same_mask else x
+    total = g.node("ReduceSum", [masked, g.const([1], np.int64)], keepdims=0)
+    count = g.node("Clip", [g.node("ReduceSum", [wide, g.const([1], np.int64)], keepdims=0), g.const(1e-9)])
+    y = g.node("Div", [total, count])
+    if normalize:
+        norm = g.node("Clip", [g.node("ReduceL2", [y, g.const([1], np.int64)], keepdims=1), g.const(1e-12)])
+        y = g.node("Div", [y, g.node("Expand", [norm, g.node("Shape", [y])])])
+    g.output(y)
+    return g.model()
+
+
+POOL_FEEDS = {
+    "x": (RNG.integers(-127, 128, (3, 5, 4)) * S_X).astype(np.float32),
+    "mask": np.array([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]], np.int64),  # an empty row too
+}
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_sentence_transformers_pooling_is_integer_to_the_output(normalize):
+    """The 1e-9 clamp of the token count is 1 (the sum is 0 wherever the count is), the mean with no
+    QuantizeLinear after it is int16 over the largest token (one step: S_X / 258), and F.normalize of it is
+    IL2Norm (int16 at 2**-15 out): integer-only to the one DequantizeLinear of the output."""
+    fq = _sentence_graph(normalize)
+    atol = 3 * 2**-15 if normalize else S_X * 127 / 32767
+    out, report = lowered(fq, POOL_FEEDS, atol)
+    counts = report.counts["lower_integer"]
+    assert counts["masked mean (integer division)"] == 1 and counts["integer Clip"] == 1
+    assert counts.get("IL2Norm", 0) == int(normalize)
+
+
+def test_a_ceiled_count_needs_the_sum_of_the_same_mask():
+    """Without the mask on the sum, an empty row divides a non-zero sum by 1e-9, not by 1: declined."""
+    declines(_sentence_graph(False, same_mask=False), "Div", "the sum is not masked by the same mask")
+
+
+def test_a_16_bit_pooled_tensor_masks_in_int32():
+    """onnxruntime's CPU provider has no 16-bit Where: the masked tokens of an int16 tensor are selected in
+    int32 between two Casts, and the model runs (the mean: int16 over the input's bound, one step S_X)."""
+    out, _ = lowered(_sentence_graph(False, np.int16, opset=21), POOL_FEEDS, S_X)
+    wheres = [n for n in out.graph.node if n.op_type == "Where"]
+    assert wheres and all(n.output[0] for n in wheres)
