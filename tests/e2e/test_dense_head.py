@@ -131,13 +131,15 @@ def test_saliency_head_variants(saliency_fp32, digits, tmp_path, variant, prepro
 
 
 @pytest.mark.slow
-def test_saliency_head_with_an_overlapping_deconvolution(digits_torch, digits, tmp_path):
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_saliency_head_with_an_overlapping_deconvolution(digits_torch, digits, tmp_path, exporter):
     """kernel 3, stride 2, pad 1, output padding 1 (four blocks, shifted and summed), and DPT's
-    ``align_corners`` upsampling (weights in fifteenths)."""
+    ``align_corners`` upsampling (weights in fifteenths), from either exporter."""
     from ivit_onnx.models.export import export_onnx
 
     deconv = dict(kernel_size=3, stride=2, padding=1, output_padding=1)
     model = _trained(digits_torch, digits, align_corners=True, **deconv)
-    export_onnx(model, torch.from_numpy(digits[2][:2]), tmp_path / "fp32.onnx", "torchscript", opset=17)
+    opset = 18 if exporter == "dynamo" else 17
+    export_onnx(model, torch.from_numpy(digits[2][:2]), tmp_path / "fp32.onnx", exporter, opset=opset)
     report, _ = _check(tmp_path / "fp32.onnx", digits, tmp_path, "uint8_asym", preprocess=True)
     assert report.counts["lower_integer"]["ConvTranspose as MatMulInteger (blockwise)"] == 1
