@@ -11,11 +11,12 @@ Each engine is an :class:`.base.Engine` (name, artifact suffix, compile argument
 from __future__ import annotations
 
 from .base import Engine, NodeArg
+from .c.engine import CEngine
 from .onnxruntime.engine import OnnxruntimeEngine
 from .tvm.engine import TvmEngine
 
 #: every engine by name, in ``ivit-onnx bench``'s row order
-ENGINES: dict[str, Engine] = {e.name: e for e in (OnnxruntimeEngine(), TvmEngine())}
+ENGINES: dict[str, Engine] = {e.name: e for e in (OnnxruntimeEngine(), TvmEngine(), CEngine())}
 
 
 def by_suffix(path) -> Engine | None:
