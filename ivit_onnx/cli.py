@@ -27,7 +27,7 @@ COMMANDS = {
         ),
     ),
     "compile": (
-        "compile an integer model for an engine: onnxruntime (.onnx) or TVM (.so)",
+        "compile an integer model for an engine: onnxruntime (.onnx), TVM (.so) or C (.c)",
         (
             "Compile an integer-only model for one engine. onnxruntime (-o X.onnx, or --engine "
             "onnxruntime): the custom-op library's exact rewrites applied once (uint8 GEMM operands, bias "
@@ -35,11 +35,13 @@ COMMANDS = {
             "result fast, with the bits of the model as converted. TVM (-o X.so, or --engine tvm; needs the "
             "tvm extra): inline the private ops' function bodies, import with TVM's Relax ONNX frontend, "
             "build with tvm.compile and write a loadable library with a .json sidecar describing its "
-            "inputs, outputs and target."
+            "inputs, outputs and target. C (-o X.c, or --engine c): self-contained integer-only C99 (X.c and "
+            "X.h) for microcontrollers: fixed-width integer types, no float, no malloc, one static arena; "
+            "one sample a call."
         ),
     ),
     "run": (
-        "run a compiled model (.onnx or .so) on an .npz of inputs (or random inputs)",
+        "run a compiled model (.onnx, .so or .c) on an .npz of inputs (or random inputs)",
         (
             "Run a model written by 'ivit-onnx compile' (onnxruntime with the custom-op library for an "
             ".onnx; TVM llvm on this CPU or cuda on GPU 0 for a .so) on the inputs of an .npz file, keyed "
@@ -401,7 +403,8 @@ def _add_bench(sub) -> None:
                    "('ivit-onnx compile MODEL -o F.onnx') beside the engines, its bits checked the same way")
     p.add_argument("--engines", default="onnxruntime", metavar="LIST",
                    help="comma list of onnxruntime (custom-op library), tvm (llvm build; needs the tvm "
-                   "extra; compile time reported apart) (default onnxruntime)")
+                   "extra; compile time reported apart), c (the C engine built by the host compiler, one "
+                   "sample a call) (default onnxruntime)")
     p.add_argument("--batch", type=_int_at_least(1), default=8, metavar="N",
                    help="batch size (the models' first input dimension) (default 8)")
     p.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",

@@ -57,7 +57,7 @@ ARITH = {
 }
 UNARY = {
     "Neg": "ivit_sub(0, {a})",
-    "Abs": "({a} < 0 ? ivit_sub(0, {a}) : {a})",
+    "Abs": "ivit_abs({a})",
     "Relu": "ivit_max({a}, 0)",
     "Cast": "{a}",
     "Identity": "{a}",
@@ -239,9 +239,10 @@ class Emitter:
         )
         self.function(node, params, body)
 
-    def row(self, node: onnx.NodeProto, passes: list[str], result: str) -> None:
+    def row(self, node: onnx.NodeProto, passes: list[str], result: str, per: tuple[str, ...] = ()) -> None:
         """A kernel over the last axis: ``passes`` (C statements with ``X(j)`` the row's element j as int64,
-        ``P(name)`` a parameter at channel j) then ``out[j] = result`` for each j."""
+        ``P(k)`` node input k at channel j, ``C`` the row length) then, for each j, the statements ``per`` and
+        ``out[j] = result``."""
         x, y = node.input[0], node.output[0]
         shape = self.shape(x)
         rows, c = int(np.prod(shape[:-1])), shape[-1]
@@ -273,7 +274,13 @@ class Emitter:
             f"  {ctype(self.plan.dtype(y))} *y = out0 + r * {c};",
         ]
         body += ["  " + fill(s) for s in passes]
-        body += [f"  for (j = 0; j < {c}; j++) y[j] = ({ctype(self.plan.dtype(y))})({fill(result)});", "}"]
+        store = f"y[j] = ({ctype(self.plan.dtype(y))})({fill(result)});"
+        if per:
+            body += [f"  for (j = 0; j < {c}; j++) {{", *("    " + fill(t) for t in per), f"    {store}"]
+            body += ["  }"]
+            body += ["}"]
+        else:
+            body += [f"  for (j = 0; j < {c}; j++) {store}", "}"]
         self.function(node, params, body)
 
     def matmul(self, node: onnx.NodeProto) -> None:
@@ -510,10 +517,10 @@ def _shiftgelu(node, at) -> str:
 
 def _ibertgelu(node, at) -> str:
     clip, coeff, k = lit(at["clip"]), lit(at["coeff"]), lit(at["k"])
-    t = f"ivit_max(ivit_sub({clip}, ({{0}} < 0 ? ivit_sub(0, {{0}}) : {{0}})), 0)"
+    t = f"ivit_max(ivit_sub({clip}, ivit_abs({{0}})), 0)"
     e = f"ivit_round_shift(ivit_sub({coeff}, ivit_mul({t}, {t})), {k})"
     d = f"ivit_round_shift({coeff}, {k})"
-    g = f"({{0}} < 0 ? ivit_sub({d}, {e}) : ivit_add({d}, {e}))"
+    g = f"(ivit_neg({{0}}) ? ivit_sub({d}, {e}) : ivit_add({d}, {e}))"
     return REQUANT.format(
         t=f"ivit_mul(ivit_mul({{0}}, {g}), {{1}})",
         c="{2}",
@@ -559,6 +566,27 @@ def _ibert_softmax(node, at):
     return passes, f"ivit_add(ivit_int_div({e}, s, {lit(at['bits'])}), P(1))"
 
 
+def _log_int_softmax(node, at):
+    from ivit_onnx.opset.log_int_softmax import divisors, level_values, levels
+
+    k = levels(int(at["bits"]), int(at["log_bits"]))
+    e = _poly_exp(at, 0)
+    div = ", ".join(lit(d) for d in divisors(k))
+    lv = ", ".join(lit(v) for v in level_values(int(at["bits"]), k).tolist())
+    passes = [
+        "ivit_i64 mx = (ivit_i64)x[0], s = 0;",
+        f"const ivit_i64 div[{k}] = {{{div}}};",
+        f"const ivit_i64 lv[{k + 1}] = {{{lv}}};",
+        f"ivit_i64 th[{k}];",
+        "int32_t t;",
+        "for (j = 1; j < C; j++) mx = ivit_max(mx, X(j));",
+        f"for (j = 0; j < C; j++) s = ivit_add(s, {e});",
+        f"for (t = 0; t < {k}; t++) th[t] = ivit_fdiv(ivit_add(s, s), div[t]);",
+    ]
+    per = [f"ivit_i64 e = {e}, q = 0;", f"for (t = 0; t < {k}; t++) q += e <= th[t];"]
+    return passes, "ivit_add(lv[q], P(1))", per
+
+
 def _centred_passes(shift_in: int, c: int) -> list[str]:
     """``d(j) = x*2**shift_in - floor(sum(x)*2**shift_in / C)`` (ILayerNorm, L1LayerNorm)."""
     return [
@@ -573,7 +601,7 @@ def _ilayernorm(node, at, l1: bool = False):
     passes = _centred_passes(int(at["shift_in"]), "C")
     if l1:
         passes += [
-            f"for (j = 0; j < C; j++) v = ivit_add(v, ({d} < 0 ? ivit_sub(0, {d}) : {d}));",
+            f"for (j = 0; j < C; j++) v = ivit_add(v, ivit_abs({d}));",
             f"f = ivit_fdiv({lit(1 << 61)}, ivit_max(v, 1));",
         ]
     else:
@@ -601,6 +629,7 @@ def _il2norm(node, at):
 ROW_OPS = {
     "Shiftmax": _shiftmax,
     "IBertSoftmax": _ibert_softmax,
+    "LogIntSoftmax": _log_int_softmax,
     "ILayerNorm": _ilayernorm,
     "L1LayerNorm": lambda node, at: _ilayernorm(node, at, l1=True),
     "IL2Norm": _il2norm,

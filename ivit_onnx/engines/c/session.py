@@ -41,7 +41,8 @@ def build(c_path: str, out_path: str, extra: list[str] | None = None) -> None:
     cmd = [compiler(), *FLAGS, *(extra or []), "-shared", "-fPIC", c_path, "-o", out_path]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        first = (done.stderr.strip().splitlines() or ["?"])[0]
+        lines = done.stderr.strip().splitlines() or ["?"]
+        first = next((ln for ln in lines if "error" in ln), lines[0])
         raise ConversionError(f"{c_path}: the C compiler refused it ({first})")
 
 
