@@ -235,3 +235,30 @@ def test_cli_compile_run_and_bench(digits, tmp_path, capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "int: c (" in text and "exact: c == function bodies: yes" in text
+
+
+def test_float_boundary_helpers_match_quantize_linear(digits, tmp_path):
+    """The header's optional float boundary: QuantizeLinear's rounding (half to even, saturation) and
+    DequantizeLinear, against the session's numpy boundary (itself checked against the library above)."""
+    import ctypes
+
+    from ivit_onnx.engines.c.session import build, dequantize, quantize
+
+    _, _, gen, _ = digits
+    b_in, b_out = gen.info["inputs"][0], gen.info["outputs"][0]
+    (tmp_path / "digits.h").write_text(gen.h)
+    (tmp_path / "t.c").write_text(
+        '#define DIGITS_FLOAT_BOUNDARY\n#include "digits.h"\n'
+        "void q(const float *x, int8_t *y, float *z, int n) {\n  int k;\n"
+        "  for (k = 0; k < n; k++) { y[k] = digits_quantize_input(x[k]);"
+        " z[k] = digits_dequantize_output(y[k]); }\n}\n")
+    build(str(tmp_path / "t.c"), str(tmp_path / "t.so"))
+    s = np.float32(b_in["scale"][0])
+    x = np.concatenate([(np.arange(-300, 300) + np.float32(0.5)) * s, np.arange(-300, 300) * s,
+                        np.random.default_rng(0).normal(0, 1, 1000), [1e30, -1e30, 0.0]]).astype(np.float32)
+    y, z = np.zeros(len(x), np.int8), np.zeros(len(x), np.float32)
+    ptr = ctypes.c_void_p
+    ctypes.CDLL(str(tmp_path / "t.so")).q(x.ctypes.data_as(ptr), y.ctypes.data_as(ptr), z.ctypes.data_as(ptr),
+                                         ctypes.c_int(len(x)))
+    assert np.array_equal(y, quantize(x, b_in["scale"], b_in["zero_point"], np.int8))
+    assert np.array_equal(z, dequantize(y, b_out["scale"], b_out["zero_point"]))

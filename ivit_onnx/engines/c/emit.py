@@ -64,6 +64,28 @@ UNARY = {
 }
 
 
+#: standard ops of three operands or of booleans (a bool is 0/1 in a uint8_t)
+OTHER = {
+    "Where": "({0} != 0 ? {1} : {2})",
+    "Equal": "ivit_eq({0}, {1})",
+    "Less": "ivit_lt({0}, {1})",
+    "Greater": "ivit_lt({1}, {0})",
+    "LessOrEqual": "!ivit_lt({1}, {0})",
+    "GreaterOrEqual": "!ivit_lt({0}, {1})",
+    "Not": "({0} == 0)",
+    "And": "({0} != 0 && {1} != 0)",
+    "Or": "({0} != 0 || {1} != 0)",
+    "Xor": "(({0} != 0) != ({1} != 0))",
+}
+
+#: reductions: (initial value, step of the accumulator {0} and the element {1})
+REDUCE = {
+    "ReduceSum": ("0", "ivit_add({0}, {1})"),
+    "ReduceMax": ("(-INT64_C(9223372036854775807) - 1)", "ivit_max({0}, {1})"),
+    "ReduceMin": ("INT64_C(9223372036854775807)", "ivit_min({0}, {1})"),
+}
+
+
 def ctype(dtype) -> str:
     name = np.dtype(dtype).name
     if name not in CTYPES:
@@ -213,6 +235,10 @@ class Emitter:
                 return self.elementwise(node, ARITH[op].format(a="{0}", b="{1}"))
             if op in UNARY:
                 return self.elementwise(node, UNARY[op].format(a="{0}"))
+            if op in OTHER:
+                return self.elementwise(node, OTHER[op])
+            if op in REDUCE:
+                return self.reduce(node)
             if op == "MatMulInteger":
                 return self.matmul(node)
             if op == "ConvInteger":
@@ -238,6 +264,39 @@ class Emitter:
             out, [f"out0[{self.index(self.bstrides(out, out))}] = ({ctype(self.plan.dtype(y))})({value});"]
         )
         self.function(node, params, body)
+
+    def reduce(self, node: onnx.NodeProto) -> None:
+        """ReduceSum / ReduceMax / ReduceMin over constant axes (int64 accumulation, wrapped to the type)."""
+        x, y = node.input[0], node.output[0]
+        shape = self.shape(x)
+        at = _attrs(node)
+        if len(node.input) > 1 and node.input[1]:
+            axes = [int(a) for a in np.asarray(self.plan.values[node.input[1]]).reshape(-1)]
+        else:
+            axes = list(at.get("axes", []))
+        if not axes and not at.get("noop_with_empty_axes", 0):
+            axes = list(range(len(shape)))
+        red = {a % len(shape) for a in axes}
+        st = self.bstrides(shape, shape)
+        outer = tuple(1 if d in red else n for d, n in enumerate(shape))
+        inner = tuple(n if d in red else 1 for d, n in enumerate(shape))
+        src = " + ".join(
+            filter(
+                None,
+                [
+                    self.index([0 if d in red else s for d, s in enumerate(st)], "i"),
+                    self.index([s if d in red else 0 for d, s in enumerate(st)], "r"),
+                ],
+            )
+        )
+        init, step = REDUCE[node.op_type]
+        body = [
+            f"ivit_i64 acc = {init};",
+            *self.nest(inner, [f"acc = {step.format('acc', f'(ivit_i64)in0[{src}]')};"], "r"),
+            f"out0[o++] = ({ctype(self.plan.dtype(y))})acc;",
+        ]
+        body = ["int32_t o = 0;", *self.nest(outer, ["{", *("  " + b for b in body), "}"])]
+        self.function(node, {x: "in0"}, body)
 
     def row(self, node: onnx.NodeProto, passes: list[str], result: str, per: tuple[str, ...] = ()) -> None:
         """A kernel over the last axis: ``passes`` (C statements with ``X(j)`` the row's element j as int64,
@@ -685,6 +744,7 @@ def write(plan: Plan, prefix: str) -> tuple[str, str, dict]:
                     f"#define {tag}_ZERO_POINT {int(np.asarray(b.zero_point).reshape(-1)[0])}",
                     f"#ifdef {prefix.upper()}_FLOAT_BOUNDARY",
                     f"#define {tag}_SCALE {float(np.asarray(b.scale).reshape(-1)[0])!r}f",
+                    *_float_helper(prefix, kind, j if len(bs) > 1 else "", tag, ctype(b.dtype), b.dtype),
                     "#endif",
                 ]
     h += [
@@ -724,6 +784,31 @@ def write(plan: Plan, prefix: str) -> tuple[str, str, dict]:
         ]
     c += ["  return 0;", "}", ""]
     return "\n".join(c), "\n".join(h), meta
+
+
+def _float_helper(prefix: str, kind: str, j, tag: str, ct: str, dtype) -> list[str]:
+    """The optional float boundary (behind ``<PREFIX>_FLOAT_BOUNDARY``): ONNX QuantizeLinear of one input
+    value (float32 division, round half to even, saturate) or DequantizeLinear of one output value."""
+    info = np.iinfo(dtype)
+    if kind == "INPUT":
+        return [
+            f"static inline {ct} {prefix}_quantize_input{j}(float x) {{",
+            f"  float r = x / {tag}_SCALE, f, d;",
+            "  int32_t q;",
+            "  r = r > 1073741824.0f ? 1073741824.0f : (r < -1073741824.0f ? -1073741824.0f : r);",
+            "  f = (float)(int32_t)r;",
+            "  if (f > r) f -= 1.0f;",
+            "  d = r - f;",
+            "  q = (int32_t)f + (d > 0.5f || (d == 0.5f && ((int32_t)f & 1)));",
+            f"  q += {tag}_ZERO_POINT;",
+            f"  return ({ct})(q < {info.min} ? {info.min} : (q > {info.max} ? {info.max} : q));",
+            "}",
+        ]
+    return [
+        f"static inline float {prefix}_dequantize_output{j}({ct} y) {{",
+        f"  return (float)((int32_t)y - {tag}_ZERO_POINT) * {tag}_SCALE;",
+        "}",
+    ]
 
 
 def _floats(v) -> str:

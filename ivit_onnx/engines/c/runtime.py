@@ -43,6 +43,8 @@ static inline ivit_i64 ivit_clip(ivit_i64 y, ivit_i64 lo, ivit_i64 hi) {
   return y < lo ? lo : (y > hi ? hi : y);
 }
 static inline int ivit_neg(ivit_i64 a) { return a < 0; }
+static inline int ivit_lt(ivit_i64 a, ivit_i64 b) { return a < b; }
+static inline int ivit_eq(ivit_i64 a, ivit_i64 b) { return a == b; }
 static inline ivit_i64 ivit_abs(ivit_i64 a) { return a < 0 ? ivit_sub(0, a) : a; }
 static inline ivit_i64 ivit_max(ivit_i64 a, ivit_i64 b) { return a > b ? a : b; }
 static inline ivit_i64 ivit_min(ivit_i64 a, ivit_i64 b) { return a < b ? a : b; }
