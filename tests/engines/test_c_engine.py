@@ -262,3 +262,76 @@ def test_float_boundary_helpers_match_quantize_linear(digits, tmp_path):
                                          ctypes.c_int(len(x)))
     assert np.array_equal(y, quantize(x, b_in["scale"], b_in["zero_point"], np.int8))
     assert np.array_equal(z, dequantize(y, b_out["scale"], b_out["zero_point"]))
+
+
+def test_index_arithmetic_ops_match_onnx():
+    """The ops of a BERT's mask and position ids: Gather with data-dependent indices, CumSum, Equal/Where,
+    Clip, integer Div (truncating) and Mod (floor), ReduceSum, Cast, against onnx.reference."""
+    rng = np.random.default_rng(1)
+    ids = np.array([[3, -1, 0, 7, 2, 5]], np.int64)
+    table = onnx.numpy_helper.from_array(rng.integers(-128, 128, (8, 4), dtype=np.int8), "table")
+    consts = [onnx.numpy_helper.from_array(np.array(v, t), n) for n, v, t in
+              [("ax1", 1, np.int64), ("two", 2, np.int64), ("m3", -3, np.int64), ("lo", -2, np.int64),
+               ("hi", 4, np.int64), ("axes", [1], np.int64), ("fill", -100, np.int32)]]
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),
+        helper.make_node("CumSum", ["ids", "ax1"], ["cs"], exclusive=1, reverse=1),
+        helper.make_node("Mod", ["cs", "m3"], ["md"]),
+        helper.make_node("Div", ["cs", "m3"], ["dv"]),
+        helper.make_node("Clip", ["dv", "lo", "hi"], ["cl"]),
+        helper.make_node("Equal", ["md", "two"], ["eq"]),
+        helper.make_node("Cast", ["cl"], ["c32"], to=TensorProto.INT32),
+        helper.make_node("Where", ["eq", "fill", "c32"], ["wh"]),
+        helper.make_node("ReduceSum", ["emb", "axes"], ["rs"], keepdims=0),
+        helper.make_node("Cast", ["rs"], ["rs32"], to=TensorProto.INT32),
+        helper.make_node("Concat", ["wh", "rs32"], ["y"], axis=1),
+    ]
+    model = _graph(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 6])],
+                   [helper.make_tensor_value_info("y", TensorProto.INT32, None)], [table, *consts])
+    feeds = {"ids": ids}
+    assert np.array_equal(_c_run(model, feeds), _ref(model, feeds))
+
+
+def _bit_exact_on(model, feeds) -> int:
+    """Samples where the C build equals the library at the integer boundary."""
+    from ivit_onnx.runners import OrtRunner
+
+    shapes = {k: [1, *v.shape[1:]] for k, v in feeds.items()}
+    gen = generate(model, shapes, "m")
+    session = CSession.from_text(gen.c, gen.h, gen.info)
+    ins, out = [b["tensor"] for b in gen.info["inputs"]], gen.info["outputs"][0]["tensor"]
+    want = OrtRunner(model, "library", 1).run_with(feeds, [*ins, out])
+    n = len(next(iter(feeds.values())))
+    return sum(np.array_equal(session.run_int([want[t][i:i + 1] for t in ins])[0], want[out][i:i + 1])
+               for i in range(n))
+
+
+@pytest.mark.skipif(not native_kernels.available(), reason="the native library was not built")
+def test_bert_style_model_bit_exact(tmp_path):
+    """The BERT-style encoder of the test suite (three int64 inputs, padded masks, token embedding)."""
+    pytest.importorskip("torch")
+    from ivit_onnx import rewrite
+    from ivit_onnx.models.bert import bert_tiny, export_bert, fake_quant_bert
+    from ivit_onnx.models.text_task import make_split
+
+    calib = [make_split(64, 100 + i).feeds for i in range(2)]
+    export_bert(fake_quant_bert(bert_tiny(), calib), tmp_path / "fq.onnx", seq=16)
+    model, _ = rewrite(str(tmp_path / "fq.onnx"))
+    feeds = make_split(6, 7).feeds
+    assert _bit_exact_on(model, feeds) == 6
+
+
+@pytest.mark.skipif(not native_kernels.available(), reason="the native library was not built")
+def test_swin_model_bit_exact(tmp_path):
+    """The test suite's tiny Swin (shifted windows: masks, rolls as index maps, mean pooling; ~8 s)."""
+    pytest.importorskip("torch")
+    from ivit_onnx import rewrite
+    from ivit_onnx.models import swin as swin_module
+    from ivit_onnx.models.export import export_onnx
+    from ivit_onnx.models.quant import quantize
+    from tests.models.conftest import fan_in_init, images
+
+    fq = quantize(fan_in_init(swin_module.swin_tiny_test()), [images(8, 1)])
+    export_onnx(fq, images(2, 3), tmp_path / "fq.onnx")
+    model, _ = rewrite(str(tmp_path / "fq.onnx"))
+    assert _bit_exact_on(model, {"input": images(4, 5).numpy()}) == 4

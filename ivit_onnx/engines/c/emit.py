@@ -239,12 +239,27 @@ class Emitter:
                 return self.elementwise(node, OTHER[op])
             if op in REDUCE:
                 return self.reduce(node)
+            if op == "Div":
+                return self.elementwise(node, "ivit_tdiv({0}, {1})")
+            if op == "Mod":
+                q = "ivit_tdiv({0}, {1})" if _attrs(node).get("fmod", 0) else "ivit_fdiv({0}, {1})"
+                return self.elementwise(node, f"ivit_sub({{0}}, ivit_mul({q}, {{1}}))")
+            if op == "CumSum":
+                return self.cumsum(node)
+            if op == "Clip":
+                has = [len(node.input) > k and bool(node.input[k]) for k in (1, 2)]
+                expr = "{0}"
+                expr = f"ivit_max({expr}, {{1}})" if has[0] else expr
+                expr = f"ivit_min({expr}, {{2}})" if has[1] else expr
+                return self.elementwise(node, expr)
             if op == "MatMulInteger":
                 return self.matmul(node)
             if op == "ConvInteger":
                 return self.conv(node)
             if op == "Concat":
                 return self.concat(node)
+            if op == "Gather" and not self.is_const(node.input[1]):
+                return self.gather(node)
             if op in MOVES or op in ALIASES:
                 return self.move(node)
         where = node.name or node.output[0]
@@ -475,6 +490,60 @@ class Emitter:
                 "}",
             ]
             start += s[axis]
+        self.function(node, params, body)
+
+    def cumsum(self, node: onnx.NodeProto) -> None:
+        """CumSum along a constant axis (``exclusive``, ``reverse``), accumulated in int64 and wrapped."""
+        x = node.input[0]
+        shape = self.shape(x)
+        at = _attrs(node)
+        axis = int(np.asarray(self.plan.values[node.input[1]]).reshape(-1)[0]) % len(shape)
+        outer, n, inner = int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1 :]))
+        t = ctype(self.plan.dtype(node.output[0]))
+        pos = f"{n - 1} - j" if at.get("reverse", 0) else "j"
+        at_j = f"(a * {n} + ({pos})) * {inner} + k"
+        step = (
+            [f"out0[{at_j}] = ({t})acc;", f"acc = ivit_add(acc, (ivit_i64)in0[{at_j}]);"]
+            if at.get("exclusive", 0)
+            else [f"acc = ivit_add(acc, (ivit_i64)in0[{at_j}]);", f"out0[{at_j}] = ({t})acc;"]
+        )
+        body = [
+            "int32_t a, j, k;",
+            f"for (a = 0; a < {outer}; a++) {{",
+            f"  for (k = 0; k < {inner}; k++) {{",
+            "    ivit_i64 acc = 0;",
+            f"    for (j = 0; j < {n}; j++) {{",
+            *("      " + st for st in step),
+            "    }",
+            "  }",
+            "}",
+        ]
+        self.function(node, {x: "in0"}, body)
+
+    def gather(self, node: onnx.NodeProto) -> None:
+        """Gather with data-dependent indices (a token embedding): one block copy per index; a negative index
+        counts from the end, and an index out of range is clamped (onnxruntime refuses it; here it may not
+        read outside the table)."""
+        data, ind = node.input[0], node.input[1]
+        shape = self.shape(data)
+        axis = int(_attrs(node).get("axis", 0)) % len(shape)
+        outer, n, inner = int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1 :]))
+        count = int(np.prod(self.shape(ind)))
+        params: dict[str, str] = {}
+        base = self.operand_base(data, params)
+        idx = self.operand_base(ind, params)
+        body = [
+            "int32_t a, p, k;",
+            f"for (a = 0; a < {outer}; a++) {{",
+            f"  for (p = 0; p < {count}; p++) {{",
+            f"    ivit_i64 ix = (ivit_i64){idx}[p];",
+            f"    if (ix < 0) ix += {n};",
+            f"    ix = ivit_clip(ix, 0, {n - 1});",
+            f"    for (k = 0; k < {inner}; k++)",
+            f"      out0[(a * {count} + p) * {inner} + k] = {base}[(a * {n} + (int32_t)ix) * {inner} + k];",
+            "  }",
+            "}",
+        ]
         self.function(node, params, body)
 
     def move(self, node: onnx.NodeProto) -> None:

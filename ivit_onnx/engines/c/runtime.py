@@ -34,6 +34,12 @@ static inline ivit_i64 ivit_asr(ivit_i64 x, ivit_i64 c) {
 /* 2**c for 0 <= c <= 62 */
 static inline ivit_i64 ivit_pow2(ivit_i64 c) { return (ivit_i64)((uint64_t)1 << c); }
 
+/* a / b truncated toward zero (ONNX's integer Div); 0 for b == 0 */
+static inline ivit_i64 ivit_tdiv(ivit_i64 a, ivit_i64 b) {
+  ivit_i64 q = ivit_fdiv(a, b);
+  return (b != 0 && ivit_sub(a, ivit_mul(q, b)) != 0 && ((a < 0) != (b < 0))) ? q + 1 : q;
+}
+
 /* floor((t + floor(2**c / 2)) / 2**c): round half up, the rounding of every rescale */
 static inline ivit_i64 ivit_round_shift(ivit_i64 t, ivit_i64 c) {
   return ivit_asr(ivit_add(t, c > 0 ? ivit_pow2(c - 1) : 0), c);
