@@ -335,3 +335,29 @@ def test_swin_model_bit_exact(tmp_path):
     export_onnx(fq, images(2, 3), tmp_path / "fq.onnx")
     model, _ = rewrite(str(tmp_path / "fq.onnx"))
     assert _bit_exact_on(model, {"input": images(4, 5).numpy()}) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not native_kernels.available(), reason="the native library was not built")
+@pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m0plus"])
+def test_digits_on_cortex_m_under_qemu(digits, tmp_path, cpu):
+    """The digits ViT cross-built for Cortex-M4 / Cortex-M0+ (no hardware divide) with arm-none-eabi-gcc:
+    no float routine and no VFP instruction in the ELF; under qemu-system-arm's mps2-an386 (a Cortex-M4,
+    which runs the M0+'s Thumb code too) its outputs on test images equal the library's (~20 s each)."""
+    from ivit_onnx.engines.c import mcu
+    from ivit_onnx.models.digits import load_digits_split
+    from ivit_onnx.runners import OrtRunner
+
+    if not all(mcu.tools().values()):
+        pytest.skip("needs gcc-arm-none-eabi and qemu-system-arm")
+    _, model, gen, _ = digits
+    x = load_digits_split()[2][:3]
+    q_out, dq_in = gen.info["inputs"][0]["tensor"], gen.info["outputs"][0]["tensor"]
+    want = OrtRunner(model, "library", 1).run_with({"input": x}, [q_out, dq_in])
+    main_text = mcu.main_c("digits", "digits.h", want[q_out], "int8_t", "int8_t", 10)
+    elf = mcu.build(str(tmp_path), gen.c, gen.h, "digits", main_text, cpu)
+    assert mcu.float_symbols(elf) == [] and mcu.vfp_instructions(elf) == []
+    size = mcu.sizes(elf)
+    assert size["bss"] >= gen.info["arena_bytes"] and size["text"] >= gen.info["weight_bytes"]
+    got, counts = mcu.parse(mcu.run_qemu(elf), np.int8)
+    assert np.array_equal(got, want[dq_in].reshape(len(x), -1)) and len(counts) == len(x)
