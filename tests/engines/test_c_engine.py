@@ -361,3 +361,12 @@ def test_digits_on_cortex_m_under_qemu(digits, tmp_path, cpu):
     assert size["bss"] >= gen.info["arena_bytes"] and size["text"] >= gen.info["weight_bytes"]
     got, counts = mcu.parse(mcu.run_qemu(elf), np.int8)
     assert np.array_equal(got, want[dq_in].reshape(len(x), -1)) and len(counts) == len(x)
+
+
+def test_names_that_would_close_a_c_comment():
+    """Tensor and node names land in comments and in the header's metadata: ``*/`` in them stays inside."""
+    nodes = [helper.make_node("Add", ["x*/", "x*/"], ["y*/z"], name="a*/b")]
+    model = _graph(nodes, [helper.make_tensor_value_info("x*/", TensorProto.INT32, [1, 3])],
+                   [helper.make_tensor_value_info("y*/z", TensorProto.INT32, [1, 3])])
+    feeds = {"x*/": np.array([[1, -2, 3]], np.int32)}
+    assert np.array_equal(_c_run(model, feeds), _ref(model, feeds))

@@ -201,8 +201,9 @@ class Emitter:
         local = [f"const {ctype(self.plan.dtype(t))} *{p} = {self.ptr(t)[0]};" for t, p in params.items()]
         local += [f"{ctype(self.plan.dtype(o))} *out{j} = {self.ptr(o)[0]};" for j, o in enumerate(outs)]
         where = node.name or node.output[0]
+        shapes = ", ".join(f"{o}{list(self.shape(o))}" for o in outs)
         self.calls += [
-            f"  /* {node.op_type} '{where}' -> {', '.join(f'{o}{list(self.shape(o))}' for o in outs)} */",
+            _comment(f"  /* {node.op_type} '{where}' -> {shapes}"),
             "  {",
             *("    " + b for b in local + body),
             "  }",
@@ -789,7 +790,7 @@ def write(plan: Plan, prefix: str) -> tuple[str, str, dict]:
     signature = f"int {prefix}_run({', '.join(ins + outs)})"
     h = [
         f"/* {prefix}: integer-only C99 inference written by ivit-onnx (the C engine); one sample a call */",
-        f"/* ivit-onnx: {json.dumps(meta)} */",
+        "/* ivit-onnx: " + json.dumps(meta).replace("*/", "*\\/") + " */",
         f"#ifndef {guard}",
         f"#define {guard}",
         "#include <stdint.h>",
@@ -798,14 +799,11 @@ def write(plan: Plan, prefix: str) -> tuple[str, str, dict]:
     for kind, bs in (("INPUT", plan.inputs), ("OUTPUT", plan.outputs)):
         for j, b in enumerate(bs):
             tag = f"{prefix.upper()}_{kind}{j if len(bs) > 1 else ''}"
+            what = f"{kind.lower()} '{b.graph_name}' (tensor '{b.tensor}'): {ctype(b.dtype)}{list(b.shape)}"
+            if b.scale is not None:
+                what += f", scale {_floats(b.scale)}, zero point {_ints(b.zero_point)}"
             h += [
-                f"/* {kind.lower()} '{b.graph_name}' (tensor '{b.tensor}'): {ctype(b.dtype)}{list(b.shape)}"
-                + (
-                    f", scale {_floats(b.scale)}, zero point {_ints(b.zero_point)}"
-                    if b.scale is not None
-                    else ""
-                )
-                + " */",
+                _comment(f"/* {what}"),
                 f"#define {tag}_SIZE {int(np.prod(b.shape))}",
             ]
             if b.scale is not None and np.asarray(b.scale).size == 1:
@@ -878,6 +876,12 @@ def _float_helper(prefix: str, kind: str, j, tag: str, ct: str, dtype) -> list[s
         f"  return (float)((int32_t)y - {tag}_ZERO_POINT) * {tag}_SCALE;",
         "}",
     ]
+
+
+def _comment(text: str) -> str:
+    """``text`` (which starts a comment) closed, with any ``*/`` inside a tensor or node name broken up."""
+    head, _, rest = text.partition("/*")
+    return f"{head}/*{rest.replace('*/', '* /')} */"
 
 
 def _floats(v) -> str:

@@ -48,6 +48,8 @@ def build(c_path: str, out_path: str, extra: list[str] | None = None) -> None:
 
 def quantize(x: np.ndarray, scale, zero_point, dtype) -> np.ndarray:
     """ONNX QuantizeLinear (per tensor): ``saturate(round_half_even(x / scale) + zp)``, in float32."""
+    if len(scale) != 1:
+        raise ValueError("the C session quantizes per-tensor inputs only; feed the integer input (run_int)")
     info = np.iinfo(dtype)
     q = np.rint(np.asarray(x, np.float32) / np.float32(scale[0])) + np.float32(zero_point[0])
     return np.clip(q, info.min, info.max).astype(dtype)
@@ -55,6 +57,10 @@ def quantize(x: np.ndarray, scale, zero_point, dtype) -> np.ndarray:
 
 def dequantize(y: np.ndarray, scale, zero_point) -> np.ndarray:
     """ONNX DequantizeLinear (per tensor): ``(y - zp) * scale`` in float32."""
+    if len(scale) != 1:
+        raise ValueError(
+            "the C session dequantizes per-tensor outputs only; read the integer output (run_int)"
+        )
     return (y.astype(np.int32) - np.int32(zero_point[0])).astype(np.float32) * np.float32(scale[0])
 
 
