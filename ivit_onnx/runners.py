@@ -124,10 +124,10 @@ class OrtRunner(Runner):
             import onnxruntime as ort
 
             if self.name == "library":
-                from ivit_onnx.engines.onnxruntime import InferenceSession
+                from ivit_onnx.engines import ENGINES
 
-                session = InferenceSession(self.model, self.threads, keep=extra, **self.rewrites)
-                self._sessions[extra] = session
+                engine = ENGINES["onnxruntime"]
+                self._sessions[extra] = engine.session(self.model, self.threads, keep=extra, **self.rewrites)
             else:
                 from ivit_onnx.engines.onnxruntime.session import session_options
 
