@@ -1,7 +1,8 @@
 """The GEMM self-check of the custom-op library: onnxruntime's 8-bit GEMM forms at their worst case.
 
 onnxruntime's uint8 x int8 GEMM adds pairs of products in int16 with saturation on x86 CPUs without VNNI
-(VPMADDUBSW), so 255 x 127 summed over K comes out wrong there and nowhere else. The library cannot know every
+(VPMADDUBSW), so 255 x 127 summed over K comes out wrong there; its int8 x int8 GEMM adds pairs in int16 on ARM
+cores without a dot product (Cortex-A72, A64FX), so -128 x -128 wraps there. The library cannot know every
 CPU and onnxruntime build it will meet, so when it is registered (``RegisterCustomOps``, ``opset/native``) it
 runs this model in a session with a copy of the caller's options and compares each output with the exact sums
 below: the same kernels the caller's model will get. One output per GEMM form the session-time rewrites write:
@@ -24,9 +25,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 M, K, N = 4, 64, 16
-#: the value every element of each input is fed (the extremes that saturate an int16 pair sum)
+#: the value every element of each input is fed (the extremes that overflow an int16 pair sum: 255 x 255,
+#: and -128 x -128, whose pairs sum to 32768, which wraps where an int8 x int8 kernel adds pairs in int16)
 FEEDS = {"a_u8": (np.uint8, 255, (1, M, K)), "b_u8": (np.uint8, 255, (K, N)),
-         "a_s8": (np.int8, -128, (1, M, K)), "b_s8": (np.int8, 127, (K, N))}
+         "a_s8": (np.int8, -128, (1, M, K)), "b_s8": (np.int8, -128, (K, N))}
 #: the forms checked: output name -> (A input, B input or None for the constant weights)
 FORMS = {"u8s8": ("a_u8", None), "u8u8": ("a_u8", "b_u8"),
          "s8s8_const": ("a_s8", None), "s8s8": ("a_s8", "b_s8")}
