@@ -1,8 +1,8 @@
 """The GEMM self-check of the custom-op library: onnxruntime's 8-bit GEMM forms at their worst case.
 
 onnxruntime's uint8 x int8 GEMM adds pairs of products in int16 with saturation on x86 CPUs without VNNI
-(VPMADDUBSW), so 255 x 127 summed over K comes out wrong there; its int8 x int8 GEMM adds pairs in int16 on ARM
-cores without a dot product (Cortex-A72, A64FX), so -128 x -128 wraps there. The library cannot know every
+(VPMADDUBSW), so 255 x 127 summed over K comes out wrong there; its int8 x int8 GEMM adds pairs in int16 on
+ARM cores without a dot product (Cortex-A72, A64FX), so -128 x -128 wraps there. The library cannot know every
 CPU and onnxruntime build it will meet, so when it is registered (``RegisterCustomOps``, ``opset/native``) it
 runs this model in a session with a copy of the caller's options and compares each output with the exact sums
 below: the same kernels the caller's model will get. One output per GEMM form the session-time rewrites write:
@@ -107,6 +107,35 @@ def header() -> str:
         lines.append(f'    {{"{k}", {str(k in FAST).lower()}, {{{values}}}}},')
     lines += ["};", "}  // namespace ivit_probe", ""]
     return "\n".join(lines)
+
+
+def inexact(precision: bool = True) -> dict[str, str]:
+    """Run the probe in a plain onnxruntime session (the library does it in C++; this is for sessions without
+    it: the functions backend), with ``session.x64quantprecision`` if ``precision``; form -> "gave X instead of
+    Y" for each inexact one. ``IVIT_GEMM_PROBE_FAULT`` counts forms as wrong as the library does (`wrap`,
+    `uint8`, `all`)."""
+    import os
+
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = 1
+    if precision:
+        opts.add_session_config_entry("session.x64quantprecision", "1")
+    sess = ort.InferenceSession(model().SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    got = dict(zip(FORMS, sess.run(list(FORMS), feeds()), strict=True))
+    fault = os.environ.get("IVIT_GEMM_PROBE_FAULT", "")
+    wrong = {}
+    for name, want in expected().items():
+        fast = name in FAST
+        faulty = fault == "all" or (fault == "uint8" and fast) or (fault == "wrap" and not fast)
+        bad = np.flatnonzero(got[name] != want)
+        if bad.size or faulty:
+            i = bad[0] if bad.size else 0
+            wrong[name] = f"gave {got[name].flat[i]} instead of {want.flat[i]}" + (
+                " (IVIT_GEMM_PROBE_FAULT)" if faulty else "")
+    return wrong
 
 
 HEADER = Path(__file__).resolve().parent / "native" / "gemm_probe.h"
