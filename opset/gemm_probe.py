@@ -111,8 +111,8 @@ def header() -> str:
 
 def inexact(precision: bool = True) -> dict[str, str]:
     """Run the probe in a plain onnxruntime session (the library does it in C++; this is for sessions without
-    it: the functions backend), with ``session.x64quantprecision`` if ``precision``; form -> "gave X instead of
-    Y" for each inexact one. ``IVIT_GEMM_PROBE_FAULT`` counts forms as wrong as the library does (`wrap`,
+    it: the functions backend), with ``session.x64quantprecision`` if ``precision``; form -> "gave X instead
+    of Y" for each inexact one. ``IVIT_GEMM_PROBE_FAULT`` counts forms as wrong as the library does (`wrap`,
     `uint8`, `all`)."""
     import os
 
