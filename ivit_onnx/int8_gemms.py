@@ -3,7 +3,7 @@
 onnxruntime's int8 x int8 MatMulInteger adds pairs of products in int16 on ARM cores without a dot product
 (Cortex-A72, A64FX): two products -128 x -128 sum to 32768 and wrap. Where the probe (``opset/gemm_probe.py``)
 finds that, and finds the uint8 forms exact, each int8 operand is moved to uint8 by standard ops,
-``u = uint8(int16(x) + 128)`` with its zero point moved the same way, which leaves every ``x - zero_point``
+``u = uint8(int32(x) + 128)`` with its zero point moved the same way, which leaves every ``x - zero_point``
 and so the int32 sums unchanged: activations x constant weights become uint8 x int8, activations x
 activations uint8 x uint8, the forms the onnxruntime engine runs (its ``u8_gemm`` rewrite).
 """
@@ -49,7 +49,7 @@ def as_uint8(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     g = out.graph
     int8, consts = _int8(model)
     c128 = "ivit_u8_shift_128"
-    g.initializer.append(numpy_helper.from_array(np.array(128, np.int16), c128))
+    g.initializer.append(numpy_helper.from_array(np.array(128, np.int32), c128))
     moved: dict[str, str] = {}
     nodes: list[onnx.NodeProto] = []
 
@@ -58,8 +58,8 @@ def as_uint8(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         if name not in moved:
             base = f"{tag}_u8"
             nodes.extend([
-                helper.make_node("Cast", [name], [f"{base}_i16"], name=f"{base}_i16", to=TensorProto.INT16),
-                helper.make_node("Add", [f"{base}_i16", c128], [f"{base}_sum"], name=f"{base}_add"),
+                helper.make_node("Cast", [name], [f"{base}_i32"], name=f"{base}_i32", to=TensorProto.INT32),
+                helper.make_node("Add", [f"{base}_i32", c128], [f"{base}_sum"], name=f"{base}_add"),
                 helper.make_node("Cast", [f"{base}_sum"], [base], name=base, to=TensorProto.UINT8),
             ])
             moved[name] = base

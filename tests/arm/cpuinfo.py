@@ -18,8 +18,10 @@ MODELS = {
     "cortex-a72": (0x410FD083, BASE),
     "cortex-a76": (0x414FD0B1, V82 + " asimddp ssbs"),
     "neoverse-n1": (0x414FD0C1, V82 + " asimddp ssbs"),
-    "a64fx": (0x461F0010, "fp asimd evtstrm sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm fcma dcpop sve"),
-    "max": (0x000F0510, V82 + " jscvt fcma sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs"
+    "a64fx": (0x461F0010, "fp asimd evtstrm sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm fcma dcpop"
+              " sve"),
+    "max": (0x000F0510, V82 + " jscvt fcma sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm"
+            " ssbs"
             " sb paca pacg dcpodp sve2 sveaes svepmull svebitperm svesha3 svesm4 flagm2 frint svei8mm svebf16"
             " i8mm bf16 dgh rng bti mte"),
 }
