@@ -4,8 +4,9 @@ onnxruntime's int8 x int8 MatMulInteger adds pairs of products in int16 on ARM c
 (Cortex-A72, A64FX): two products -128 x -128 sum to 32768 and wrap. Where the probe (``opset/gemm_probe.py``)
 finds that, and finds the uint8 forms exact, each int8 operand is moved to uint8 by standard ops,
 ``u = uint8(int32(x) + 128)`` with its zero point moved the same way, which leaves every ``x - zero_point``
-and so the int32 sums unchanged: activations x constant weights become uint8 x int8, activations x
-activations uint8 x uint8, the forms the onnxruntime engine runs (its ``u8_gemm`` rewrite).
+and so the int32 sums unchanged: activations x constant weights become uint8 x int8 (uint8 x uint8 where a
+weight is -128, which onnxruntime's uint8 x int8 kernel there turns back into -128 x -128), activations x
+activations uint8 x uint8.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ def _int8(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
     return {k for k, v in types.items() if v == np.int8}, consts
 
 
+def _has_min(g: onnx.GraphProto, name: str) -> bool:
+    """Whether the constant ``name`` holds -128 (a Constant node's value is taken as holding it)."""
+    for t in g.initializer:
+        if t.name == name:
+            return bool((numpy_helper.to_array(t) == -128).any())
+    return True
+
+
 def as_uint8(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` whose int8 x int8 GEMMs read uint8 activations (and uint8 B where B is an
     activation too), exactly; and how many GEMMs changed."""
@@ -70,8 +79,11 @@ def as_uint8(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     for node in g.node:
         sides = GEMMS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         if sides and all(node.input[i] in int8 for i in sides):
-            # constant weights stay int8 (uint8 x int8); an activation B moves too (uint8 x uint8)
-            for side in (s for s in sides if s == sides[0] or node.input[s] not in consts):
+            # constant weights in [-127, 127] stay int8 (uint8 x int8: the kernel moves A back to int8, so a
+            # -128 weight meets -128 again); an activation B, or weights with -128, move too (uint8 x uint8)
+            b = node.input[sides[1]]
+            move_b = b not in consts or _has_min(g, b)
+            for side in (s for s in sides if s == sides[0] or move_b):
                 tag = f"{node.name or node.output[0]}_{'ab'[side]}"
                 zp_at = 2 + side
                 zp = node.input[zp_at] if len(node.input) > zp_at and node.input[zp_at] else None
