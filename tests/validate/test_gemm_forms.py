@@ -174,7 +174,7 @@ def _cpuinfo(model: str) -> str:
         from cpuinfo import cpuinfo
     finally:
         sys.path.pop(0)
-    return cpuinfo(model)
+    return cpuinfo(model, real=True)
 
 
 @pytest.mark.parametrize("model,name", [("cortex-a72", "Cortex-A72"), ("cortex-a76", "Cortex-A76"),
