@@ -26,8 +26,8 @@ MODELS = {
     "a64fx": (0x461F0010, "fp asimd evtstrm sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm fcma dcpop"
               " sve"),
     "max": (0x000F0510, V82 + " jscvt fcma sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm"
-            " ssbs sb paca pacg dcpodp sve2 sveaes svepmull svebitperm svesha3 svesm4 flagm2 frint svei8mm svebf16"
-            " i8mm bf16 dgh rng bti mte"),
+            " ssbs sb paca pacg dcpodp sve2 sveaes svepmull svebitperm svesha3 svesm4"
+            " flagm2 frint svei8mm svebf16 i8mm bf16 dgh rng bti mte"),
 }
 #: models whose MIDR onnxruntime's CPU detection crashes on -> the core whose MIDR is written instead
 STAND_IN = {"a64fx": "cortex-a72", "max": "neoverse-n1"}
