@@ -78,7 +78,7 @@ def isa() -> str:
     have = [f for f in ISA_FLAGS if f in flags()]
     if platform.machine() in ("aarch64", "arm64"):
         dot = [f for f in ARM_FLAGS if f in flags()]
-        return " ".join(dot) if {"asimddp", "i8mm"} & set(dot) else " ".join(["no dot product", *dot])
+        return " ".join(dot) if {"asimddp", "i8mm"} & set(dot) else ", ".join(["no dot product", *dot])
     if platform.machine() not in ("x86_64", "AMD64", "i686"):
         return platform.machine()
     return " ".join(have) + ("" if has_vnni() else ", no VNNI") if have else "no AVX2"

@@ -27,19 +27,24 @@ from onnx import TensorProto, helper, numpy_helper
 M, K, N = 4, 64, 16
 #: the value every element of each input is fed (the extremes that overflow an int16 pair sum: 255 x 255,
 #: and -128 x -128, whose pairs sum to 32768, which wraps where an int8 x int8 kernel adds pairs in int16)
-FEEDS = {"a_u8": (np.uint8, 255, (1, M, K)), "b_u8": (np.uint8, 255, (K, N)),
-         "a_s8": (np.int8, -128, (1, M, K)), "b_s8": (np.int8, -128, (K, N))}
-#: the forms checked: output name -> (A input, B input or None for the constant weights)
-FORMS = {"u8s8": ("a_u8", None), "u8u8": ("a_u8", "b_u8"),
-         "s8s8_const": ("a_s8", None), "s8s8": ("a_s8", "b_s8")}
+FEEDS = {"a_u8": (np.uint8, 255, (1, M, K)), "a_u8_0": (np.uint8, 0, (1, M, K)),
+         "b_u8": (np.uint8, 255, (K, N)), "a_s8": (np.int8, -128, (1, M, K)), "b_s8": (np.int8, -128, (K, N))}
+#: the constant weights, by kind: ``s8`` as the compiled model keeps them (in [-127, 127]: a weight of -128
+#: goes uint8 at compile, since ARM's uint8 x int8 kernel moves A to int8, where -128 x -128 wraps),
+#: ``s8_min`` as converted (-128 too), ``u8`` (such a weight moved to uint8)
+WEIGHT_COLUMNS = {"s8": (np.int8, 127, -127), "s8_min": (np.int8, 127, -128), "u8": (np.uint8, 255, 0)}
+#: the forms checked: output name -> (A input, B input or the kind of constant weights)
+FORMS = {"u8s8": ("a_u8", "s8"), "u8s8_0": ("a_u8_0", "s8"), "u8u8": ("a_u8", "b_u8"),
+         "u8u8_const": ("a_u8", "u8"), "s8s8_const": ("a_s8", "s8_min"), "s8s8": ("a_s8", "b_s8")}
 #: forms of the uint8 fast path; the others are the int8 fallback's
-FAST = ("u8s8", "u8u8")
+FAST = ("u8s8", "u8s8_0", "u8u8", "u8u8_const")
 
 
-def weights() -> np.ndarray:
-    """The constant int8 weights: 127 in even columns, -128 in odd ones (both saturating directions)."""
-    w = np.full((K, N), 127, np.int8)
-    w[:, 1::2] = -128
+def weights(kind: str = "s8_min") -> np.ndarray:
+    """Constant weights of one kind: its two extremes in even and odd columns (both saturating directions)."""
+    dtype, even, odd = WEIGHT_COLUMNS[kind]
+    w = np.full((K, N), even, dtype)
+    w[:, 1::2] = odd
     return w
 
 
@@ -50,11 +55,10 @@ def feeds() -> dict[str, np.ndarray]:
 def expected() -> dict[str, np.ndarray]:
     """The exact int32 result of each form."""
     f = feeds()
-    w = weights().astype(np.int64)
     out = {}
     for name, (a, b) in FORMS.items():
-        rhs = w if b is None else f[b].astype(np.int64)
-        out[name] = (f[a].astype(np.int64) @ rhs).astype(np.int32)
+        rhs = f[b] if b in FEEDS else weights(b)
+        out[name] = (f[a].astype(np.int64) @ rhs.astype(np.int64)).astype(np.int32)
     return out
 
 
@@ -65,9 +69,10 @@ def model() -> onnx.ModelProto:
     outputs = [helper.make_tensor_value_info(k, TensorProto.INT32, [1, M, N]) for k in FORMS]
     # each constant form has weights of its own: onnxruntime 1.31's int8 -> uint8 weight conversion
     # (session.x64quantprecision) fails at session creation on an initializer shared by two GEMMs
-    nodes = [helper.make_node("MatMulInteger", [a, b or f"w_{name}"], [name], name=name)
+    nodes = [helper.make_node("MatMulInteger", [a, b if b in FEEDS else f"w_{name}"], [name], name=name)
              for name, (a, b) in FORMS.items()]
-    consts = [numpy_helper.from_array(weights(), f"w_{name}") for name, (_, b) in FORMS.items() if b is None]
+    consts = [numpy_helper.from_array(weights(b), f"w_{name}")
+              for name, (_, b) in FORMS.items() if b not in FEEDS]
     g = helper.make_graph(nodes, "ivit_gemm_probe", inputs, outputs, consts)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], producer_name="ivit-onnx")
     m.ir_version = 8
