@@ -164,9 +164,11 @@ def session(model: onnx.ModelProto, backend: str = "functions", threads: int | N
     if backend == "library":
         model = register(opts, model)
     elif backend == "functions":
+        from ivit_onnx.int8_gemms import exact_int8_gemms
         from ivit_onnx.runners import exact_weight_gemms
 
         exact_weight_gemms(opts)
+        model = exact_int8_gemms(model)
     else:
         raise ValueError(f"backend must be 'functions' or 'library', got {backend!r}")
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
