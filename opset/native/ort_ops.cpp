@@ -27,6 +27,7 @@
 #include "ort_abi.h"
 #include "parallel.h"
 #include "poly_exp.h"
+#include "qgemm.h"
 
 using ivit::i64;
 
@@ -826,6 +827,16 @@ __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::Sessi
     if (!s) s = api<ort::Status*(ort::SessionOptions*, ort::CustomOpDomain*)>(ort::AddCustomOpDomain)(options, domain);
     if (domain) domains.push_back(domain);
   }
+  // the compile step's QGemm ops (qgemm_op.cpp), whose paths the self-check probes first (qgemm.cpp)
+  if (!s) s = api<ort::Status*(ort::SessionOptions*, const char*, const char*)>(ort::AddSessionConfigEntry)(
+              options, "ivit.qgemm_check", ivit::check_qgemm().c_str());
+  ort::CustomOpDomain* engine = nullptr;
+  if (!s) s = api<ort::Status*(const char*, ort::CustomOpDomain**)>(ort::CreateCustomOpDomain)("ai.ivit.engine", &engine);
+  for (bool table : {false, true})
+    if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
+                engine, ivit::qgemm_op(g_api, table));
+  if (!s) s = api<ort::Status*(ort::SessionOptions*, ort::CustomOpDomain*)>(ort::AddCustomOpDomain)(options, engine);
+  if (engine) domains.push_back(engine);
   return s;
 }
 

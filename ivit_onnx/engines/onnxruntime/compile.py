@@ -20,6 +20,7 @@ from ivit_onnx.weights import unshare_gemm_weights
 from .bias_fold import fold_bias
 from .chain_fold import fold_chains
 from .patch_gemm import patch_gemm
+from .qgemm_fold import fold_qgemm
 from .u8_gemm import recode
 
 ENGINE_KEY = "ivit.engine"
@@ -56,6 +57,7 @@ class Compiled:
         done += [f"{c['bias_fold']} GEMM bias Adds folded into Requantize"] if c.get("bias_fold") else []
         done += [f"{c['patch_gemm']} patch ConvInteger as MatMulInteger"] if c.get("patch_gemm") else []
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
+        done += [f"{c['qgemm']} GEMM + Requantize pairs as the library's QGemm"] if c.get("qgemm") else []
         return "; ".join(done)
 
 
@@ -76,8 +78,8 @@ def is_artifact(model: onnx.ModelProto) -> bool:
     return _meta(model).get(ENGINE_KEY) == "onnxruntime"
 
 
-def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bool = True,
-                  patch: bool = True, chain_fold: bool = True, keep=frozenset()) -> Compiled:
+def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bool = True, patch: bool = True,
+                  chain_fold: bool = True, qgemm: bool = True, keep=frozenset()) -> Compiled:
     """Apply the rewrites to a copy of ``model`` (an integer model as converted); ``keep`` names intermediates
     that must survive them (validate's per-layer comparison). ``chain_fold`` writes ops that only the native
     library has."""
@@ -96,6 +98,8 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["bias_fold"] = fold_bias(out, keep=set(keep))
     if chain_fold:
         out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
+    if qgemm:
+        out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
     counts["unshared_weights"] = unshare_gemm_weights(out)
     _drop_unused_initializers(out.graph)
     meta = {**_meta(out), ENGINE_KEY: "onnxruntime", GEMMS_KEY: "uint8" if u8_gemm else "int8",

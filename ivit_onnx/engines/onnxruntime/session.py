@@ -75,7 +75,7 @@ class InferenceSession:
                                "library, which was not built (reinstall with a C++ compiler)")
         self.threads, self.keep, self._base = threads, tuple(keep), sess_options
         if not native:  # the extensions fallback: no fused ops, and no self-check for the uint8 forms
-            rewrites = {**rewrites, "u8_gemm": False, "chain_fold": False}
+            rewrites = {**rewrites, "u8_gemm": False, "chain_fold": False, "qgemm": False}
         self.compiled = self._compile(**rewrites) if self.source is not None else Compiled.load(proto)
         try:
             self._session = self._open()

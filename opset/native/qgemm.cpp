@@ -1,0 +1,531 @@
+// QGemm's kernels (qgemm.h): the 8-bit GEMM, exact by construction on every path, with the Requantize epilogue
+// applied to each tile while it is in L1, so no int32 accumulator goes to memory.
+//
+// Every path computes dot[m, n] = sum_k a'[m, k] * w[k, n] in int32 (mod 2**32), a' being A as that path
+// encodes it, and the epilogue turns it into MatMulInteger's accumulator, also mod 2**32:
+//   acc = dot - zb[n] * rowsum(a'[m]) - (za' * colsum(w[:, n]) - K * za' * zb[n]),
+// the sum of (a' - za') * (w - zb) expanded (a' - za' = a - za). No path can saturate:
+//   * portable: int32 products of int16 values, summed with wrap-around (-fwrapv);
+//   * AVX2: vpmaddwd on int16 pairs (a' = A sign- or zero-extended, za' = za): a pair sums to at most
+//     2 * 255 * 128 < 2**31, then vpaddd wraps;
+//   * AVX-512 VNNI: vpdpbusd, uint8 x int8 (a' = A for uint8, A + 128 for int8, za' likewise): four products of
+//     at most 255 * 128 summed into int32 (vpdpbusd, not the saturating vpdpbusds).
+// B is packed once, at creation: for portable and AVX2 as int16 pairs in tiles of 16 columns
+// ([K/2][16][2]), for VNNI as 4-byte groups in tiles of 48 columns ([K/4][48][4]); K padded with zeros.
+// Rows are split in chunks over the caller's pool (parallel.h) or over `threads` threads.
+
+#include "qgemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "parallel.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define IVIT_QGEMM_X86 1
+#include <immintrin.h>
+#define IVIT_T_AVX2 __attribute__((target("avx2")))
+#define IVIT_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#else
+#define IVIT_QGEMM_X86 0
+#endif
+
+namespace {
+
+using i64 = int64_t;
+enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3 };
+enum Out : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
+
+std::atomic<int> g_refused{0};  // bit per path the self-check refused (never picked by AUTO)
+
+bool cpu_has(int isa) {
+  if (isa == PORTABLE) return true;
+#if IVIT_QGEMM_X86
+  __builtin_cpu_init();
+  if (isa == AVX2) return __builtin_cpu_supports("avx2");
+  if (isa == VNNI)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+#endif
+  return false;
+}
+
+// The path AUTO means: IVIT_GEMM_ISA if set, else the best one this CPU has that the self-check did not refuse.
+int pick(int isa) {
+  if (isa != AUTO) return isa;
+  const char* env = std::getenv("IVIT_GEMM_ISA");
+  if (env && *env) {
+    if (!std::strcmp(env, "portable")) return PORTABLE;
+    if (!std::strcmp(env, "avx2")) return AVX2;
+    if (!std::strcmp(env, "vnni")) return VNNI;
+    return -1;
+  }
+  for (int p : {VNNI, AVX2})
+    if (cpu_has(p) && !(g_refused.load() & (1 << p))) return p;
+  return PORTABLE;
+}
+
+struct Layout {
+  int nr, kstep, mr;  // columns per tile, k per group, rows per micro-kernel call
+};
+Layout layout(int isa) { return isa == VNNI ? Layout{48, 4, 8} : Layout{16, 2, isa == AVX2 ? 6 : 4}; }
+
+struct QGemm {
+  int isa, a_code, out_code;
+  i64 k, n, kp, tiles, za_enc, zy, qmin, qmax;
+  Layout lay;
+  std::vector<int16_t> b16;  // portable, AVX2
+  std::vector<int8_t> b8;    // VNNI
+  std::vector<int32_t> zb, corr, table;  // per column: zb, za' * colsum - K * za' * zb (mod 2**32)
+  std::vector<i64> zx, mult, half, shift;
+  // the vector epilogue's (where every multiplier is an int32 and qmin, qmax are int32), per column padded to
+  // whole tiles: zx * b, h ^ 2**63 and zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy)
+  bool fast = false;
+  std::vector<i64> zxb, hf, zs;
+};
+
+// ------------------------------------------------------------------------------------------- micro-kernels
+// out[r * nr + j] (+)= sum over k < klen of a[r * lda + k] * tile[k][j], for the lay.mr rows of a (add: onto
+// what out holds, for the blocks of K after the first).
+
+template <int MR>
+void micro_portable(const int16_t* a, i64 lda, i64 klen, const int16_t* b, int32_t* out, bool add) {
+  int32_t acc[MR][16] = {};
+  if (add) std::memcpy(acc, out, sizeof(acc));
+  for (i64 k = 0; k < klen; k += 2, b += 32)
+    for (int r = 0; r < MR; ++r) {
+      const int32_t a0 = a[r * lda + k], a1 = a[r * lda + k + 1];
+      for (int j = 0; j < 16; ++j) acc[r][j] += a0 * b[2 * j] + a1 * b[2 * j + 1];
+    }
+  std::memcpy(out, acc, sizeof(acc));
+}
+
+#if IVIT_QGEMM_X86
+// The accumulators are named variables, not an array: GCC copies arrays of vectors around the loop.
+inline int32_t load32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#define IVIT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+IVIT_T_AVX2 void micro_avx2(const int16_t* a, i64 lda, i64 klen, const int16_t* b, int32_t* out, bool add) {
+#define IVIT_ZERO(r)                                                                              \
+  __m256i c##r##0 = add ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out + r * 16))      \
+                        : _mm256_setzero_si256();                                                 \
+  __m256i c##r##1 = add ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out + r * 16 + 8))  \
+                        : _mm256_setzero_si256();
+  IVIT_ROWS(IVIT_ZERO)
+#undef IVIT_ZERO
+  for (i64 k = 0; k < klen; k += 2, b += 32) {
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+#define IVIT_STEP(r)                                                 \
+  {                                                                  \
+    const __m256i av = _mm256_set1_epi32(load32(a + r * lda + k));   \
+    c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(av, b0));  \
+    c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(av, b1));  \
+  }
+    IVIT_ROWS(IVIT_STEP)
+#undef IVIT_STEP
+  }
+  // lanes hold columns 0..7 (c.0) and 8..15 (c.1): the packing's order
+#define IVIT_STORE(r)                                                          \
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 16), c##r##0);     \
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 16 + 8), c##r##1);
+  IVIT_ROWS(IVIT_STORE)
+#undef IVIT_STORE
+}
+#undef IVIT_ROWS
+
+#define IVIT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+IVIT_T_VNNI void micro_vnni(const uint8_t* a, i64 lda, i64 klen, const int8_t* b, int32_t* out, bool add) {
+#define IVIT_ZERO(r)                                                          \
+  __m512i c##r##0 = add ? _mm512_loadu_si512(out + r * 48) : _mm512_setzero_si512();       \
+  __m512i c##r##1 = add ? _mm512_loadu_si512(out + r * 48 + 16) : _mm512_setzero_si512();  \
+  __m512i c##r##2 = add ? _mm512_loadu_si512(out + r * 48 + 32) : _mm512_setzero_si512();
+  IVIT_ROWS(IVIT_ZERO)
+#undef IVIT_ZERO
+  for (i64 k = 0; k < klen; k += 4, b += 192) {
+    const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64), b2 = _mm512_loadu_si512(b + 128);
+#define IVIT_STEP(r)                                               \
+  {                                                                \
+    const __m512i av = _mm512_set1_epi32(load32(a + r * lda + k)); \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, av, b0);                \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);                \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);                \
+  }
+    IVIT_ROWS(IVIT_STEP)
+#undef IVIT_STEP
+  }
+#define IVIT_STORE(r)                               \
+  _mm512_storeu_si512(out + r * 48, c##r##0);       \
+  _mm512_storeu_si512(out + r * 48 + 16, c##r##1);  \
+  _mm512_storeu_si512(out + r * 48 + 32, c##r##2);
+  IVIT_ROWS(IVIT_STORE)
+#undef IVIT_STORE
+}
+#undef IVIT_ROWS
+#endif
+
+// ------------------------------------------------------------------------------------------------ epilogue
+
+// y[j] for the columns n0..n0+cols of one row: the accumulator from dot (see the top), then Requantize
+// (and the table)
+template <class TO>
+void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* y) {
+  const i64 lo = g.qmin, hi = g.qmax;
+  for (i64 j = 0; j < cols; ++j) {
+    const i64 n = n0 + j;
+    const uint32_t acc = static_cast<uint32_t>(dot[j]) - static_cast<uint32_t>(g.zb[n]) * static_cast<uint32_t>(rowsum) -
+                         static_cast<uint32_t>(g.corr[n]);
+    const i64 t = (static_cast<i64>(static_cast<int32_t>(acc)) - g.zx[n]) * g.mult[n];
+    i64 v = ((t + g.half[n]) >> g.shift[n]) + g.zy;
+    v = v < lo ? lo : (v > hi ? hi : v);
+    y[j] = static_cast<TO>(g.table.empty() ? v : g.table[v - lo]);
+  }
+}
+
+// The same values, 16 (AVX-512, written to y directly) or 8 (AVX2, into int32 v) columns at a time (g.fast):
+// acc * b - zx * b is (acc - zx) * b mod 2**64 with one signed 32 x 32-bit multiply, and the floor shift a
+// logical one on the sign-flipped sum (kernels.cpp's AVX2 rescale).
+#if IVIT_QGEMM_X86
+// 8 int64 lanes (in [qmin, qmax]) to y[0..cols) as TO (truncating, as the scalar cast), through the table if any
+template <class TO>
+IVIT_T_VNNI inline void store8(const QGemm& g, __m512i t, TO* y, __mmask8 m) {
+  if (!g.table.empty()) {
+    const __m256i v = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), m, _mm512_sub_epi64(t, _mm512_set1_epi64(g.qmin)),
+                                                  g.table.data(), 4);
+    if constexpr (sizeof(TO) == 1) _mm256_mask_cvtepi32_storeu_epi8(y, m, v);
+    else if constexpr (sizeof(TO) == 2) _mm256_mask_cvtepi32_storeu_epi16(y, m, v);
+    else _mm256_mask_storeu_epi32(y, m, v);
+    return;
+  }
+  if constexpr (sizeof(TO) == 1) _mm512_mask_cvtepi64_storeu_epi8(y, m, t);
+  else if constexpr (sizeof(TO) == 2) _mm512_mask_cvtepi64_storeu_epi16(y, m, t);
+  else _mm512_mask_cvtepi64_storeu_epi32(y, m, t);
+}
+
+template <class TO>
+IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* y) {
+  const __m512i rs = _mm512_set1_epi32(rowsum);
+  const __m512i lo = _mm512_set1_epi64(g.qmin), hi = _mm512_set1_epi64(g.qmax);
+  for (i64 j = 0; j < cols; j += 16) {
+    const i64 n = n0 + j;
+    const __m512i acc = _mm512_sub_epi32(
+        _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_mullo_epi32(_mm512_loadu_si512(&g.zb[n]), rs)),
+        _mm512_loadu_si512(&g.corr[n]));
+    for (int half = 0; half < 2; ++half) {
+      const i64 m = n + 8 * half, left = cols - j - 8 * half;
+      if (left <= 0) break;
+      const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1) : _mm512_castsi512_si256(acc));
+      __m512i t = _mm512_sub_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.zxb[m]));
+      t = _mm512_srlv_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.hf[m])), _mm512_loadu_si512(&g.shift[m]));
+      t = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.zs[m])), lo), hi);
+      store8(g, t, y + j + 8 * half, static_cast<__mmask8>(left >= 8 ? 0xFF : (1u << left) - 1));
+    }
+  }
+}
+
+IVIT_T_AVX2 inline __m256i ld(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, int32_t* v) {
+  const __m256i rs = _mm256_set1_epi32(rowsum);
+  const __m256i lo = _mm256_set1_epi64x(g.qmin), hi = _mm256_set1_epi64x(g.qmax);
+  const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  for (i64 j = 0; j < cols; j += 8) {
+    const i64 n = n0 + j;
+    const __m256i acc = _mm256_sub_epi32(_mm256_sub_epi32(ld(dot + j), _mm256_mullo_epi32(ld(&g.zb[n]), rs)),
+                                         ld(&g.corr[n]));
+    for (int half = 0; half < 2; ++half) {
+      const i64 m = n + 4 * half;
+      const __m256i a = _mm256_cvtepi32_epi64(half ? _mm256_extracti128_si256(acc, 1) : _mm256_castsi256_si128(acc));
+      __m256i t = _mm256_sub_epi64(_mm256_mul_epi32(a, ld(&g.mult[m])), ld(&g.zxb[m]));
+      t = _mm256_add_epi64(_mm256_srlv_epi64(_mm256_add_epi64(t, ld(&g.hf[m])), ld(&g.shift[m])), ld(&g.zs[m]));
+      t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
+      t = _mm256_blendv_epi8(t, lo, _mm256_cmpgt_epi64(lo, t));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(v + j + 4 * half),
+                       _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(t, low)));
+    }
+  }
+}
+#endif
+
+// epilogue through the vector rescale: v, then the cast (or the table), which the compiler vectorizes
+template <class TO>
+void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* __restrict y) {
+  alignas(64) int32_t v[48];
+#if IVIT_QGEMM_X86
+  if (g.isa == VNNI) return epilogue_avx512(g, dot, rowsum, n0, cols, y);
+  rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v);
+#endif
+  if (g.table.empty()) {
+    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
+  } else {
+    const int32_t* tab = g.table.data() - g.qmin;
+    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(tab[v[j]]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------- driver
+
+constexpr i64 MC = 48;   // rows per task: a multiple of every lay.mr (4, 6, 8)
+constexpr i64 KC = 256;  // packed k per block (a multiple of every kstep)
+constexpr i64 NC = 192;  // columns per task (rounded to whole tiles)
+
+template <class TO>
+void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1, TO* y) {
+  const Layout L = g.lay;
+  const i64 kp = g.kp, rows = m1 - m0, padded = (rows + L.mr - 1) / L.mr * L.mr;
+  thread_local std::vector<int16_t> a16;
+  thread_local std::vector<uint8_t> a8;
+  int32_t rowsum[MC];
+  alignas(64) int32_t tile[MC * 48];  // the chunk's accumulators of one tile
+  // pack the rows of A as the path wants them (zero rows and zero k past the end) and sum them
+  const bool vnni = g.isa == VNNI;
+  // only the padding needs zeros: the k past K of each row, and the rows past the last
+  if (vnni) a8.resize(padded * kp); else a16.resize(padded * kp);
+  uint8_t* __restrict p8 = a8.data();
+  int16_t* __restrict p16 = a16.data();
+  const i64 k = g.k;
+  for (i64 r = 0; r < padded; ++r) {
+    uint8_t* d8 = p8 + r * kp;
+    int16_t* d16 = p16 + r * kp;
+    if (r >= rows) {
+      if (vnni) std::memset(d8, 0, kp); else std::memset(d16, 0, kp * 2);
+      continue;
+    }
+    int32_t s = 0;
+    if (vnni) {
+      if (g.a_code == 0) {
+        const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;  // int8 bits; ^ 0x80 adds 128
+        for (i64 j = 0; j < k; ++j) d8[j] = src[j] ^ 0x80;
+      } else {
+        std::memcpy(d8, static_cast<const uint8_t*>(a_raw) + (m0 + r) * k, k);
+      }
+      for (i64 j = k; j < kp; ++j) d8[j] = 0;
+      for (i64 j = 0; j < k; ++j) s += d8[j];
+    } else {
+      if (g.a_code == 0) {
+        const int8_t* src = static_cast<const int8_t*>(a_raw) + (m0 + r) * k;
+        for (i64 j = 0; j < k; ++j) d16[j] = src[j];
+      } else {
+        const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;
+        for (i64 j = 0; j < k; ++j) d16[j] = src[j];
+      }
+      for (i64 j = k; j < kp; ++j) d16[j] = 0;
+      for (i64 j = 0; j < k; ++j) s += d16[j];
+    }
+    rowsum[r] = s;
+  }
+  // K in blocks of KC, so that a block of the weight tile and of the rows stay in L1 across the row blocks
+  const i64 kc = kp <= 3 * KC / 2 ? kp : KC;
+  for (i64 t = t0; t < t1; ++t) {
+    const i64 n0 = t * L.nr, cols = std::min<i64>(L.nr, g.n - n0);
+    for (i64 k0 = 0; k0 < kp; k0 += kc) {
+      const i64 klen = std::min(kc, kp - k0);
+      for (i64 r0 = 0; r0 < padded; r0 += L.mr) {
+        int32_t* out = tile + r0 * L.nr;
+        switch (g.isa) {
+#if IVIT_QGEMM_X86
+          case VNNI: micro_vnni(p8 + r0 * kp + k0, kp, klen, g.b8.data() + (t * kp + k0) * 48, out, k0 > 0); break;
+          case AVX2: micro_avx2(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
+#endif
+          default:
+            micro_portable<4>(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0);
+            break;
+        }
+      }
+    }
+    for (i64 r = 0; r < rows; ++r) {
+      TO* out = y + (m0 + r) * g.n + n0;
+      if (g.fast)
+        epilogue_fast(g, tile + r * L.nr, rowsum[r], n0, cols, out);
+      else
+        epilogue(g, tile + r * L.nr, rowsum[r], n0, cols, out);
+    }
+  }
+}
+
+template <class TO>
+void run_all(const QGemm& g, const void* a, i64 rows, TO* y, int threads) {
+  // tasks: MC rows by about NC columns (whole tiles), small enough to balance a busy pool
+  const i64 per = std::max<i64>(1, NC / g.lay.nr), groups = (g.tiles + per - 1) / per;
+  const i64 chunks = (rows + MC - 1) / MC * groups;
+  struct Task {
+    const QGemm* g;
+    const void* a;
+    i64 rows, per, groups;
+    TO* y;
+  } task{&g, a, rows, per, groups, y};
+  auto one = [](void* data, size_t c) {
+    const Task& t = *static_cast<Task*>(data);
+    const i64 m0 = static_cast<i64>(c) / t.groups * MC, t0 = static_cast<i64>(c) % t.groups * t.per;
+    run_chunk(*t.g, t.a, m0, std::min(t.rows, m0 + MC), t0, std::min(t.g->tiles, t0 + t.per), t.y);
+  };
+  const ivit::ParallelHook hook = ivit::parallel_hook();
+  if (chunks <= 1) {
+    for (i64 c = 0; c < chunks; ++c) one(&task, c);
+  } else if (hook.run) {
+    hook.run(hook.ctx, one, static_cast<size_t>(chunks), &task);
+  } else {
+    const int nt = static_cast<int>(std::min<i64>(std::max(threads, 1), chunks));
+    std::atomic<i64> next{0};
+    auto worker = [&] {
+      for (i64 c; (c = next++) < chunks;) one(&task, static_cast<size_t>(c));
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < nt; ++t) pool.emplace_back(worker);
+    worker();
+    for (auto& th : pool) th.join();
+  }
+}
+
+// ------------------------------------------------------------------------------------------- self-check
+
+// One probe at the worst cases: A at its extremes (and zero point), B at -128 and 127, K odd and large
+// enough for the int16/int32 partial sums to reach their largest, per-column zb; y = acc - zx in int32.
+std::string probe(int isa, int a_code) {
+  const i64 M = 13, K = 1031, N = 37;
+  std::vector<int8_t> b(K * N);
+  std::vector<uint8_t> a(M * K);
+  for (i64 i = 0; i < K * N; ++i) b[i] = static_cast<int8_t>(i % 5 == 1 ? 127 : (i % 7 == 3 ? 3 : -128));
+  const uint8_t hi = a_code == 0 ? 0x80 : 0xFF, other = a_code == 0 ? 0x7F : 0x00;  // -128 / 255; 127 / 0
+  for (i64 i = 0; i < M * K; ++i) a[i] = (i / K) % 3 == 2 ? other : (i % 11 == 5 ? other : hi);
+  std::vector<i64> zb(N), zx(N), ones(N, 1), zero(N, 0);
+  for (i64 j = 0; j < N; ++j) zb[j] = j % 3 == 0 ? 127 : (j % 3 == 1 ? -128 : 0), zx[j] = j * 1000 - 7;
+  const i64 za = a_code == 0 ? 127 : 0;
+  const char* err = nullptr;
+  void* g = ivit_qgemm_create(isa, a_code, K, N, b.data(), zb.data(), N, za, zx.data(), ones.data(), zero.data(),
+                              N, 0, INT32_MIN, INT32_MAX, nullptr, I32, &err);
+  if (!g) return err;
+  std::vector<int32_t> y(M * N);
+  ivit_qgemm_run(g, a.data(), M, y.data(), 1);
+  ivit_qgemm_destroy(g);
+  for (i64 m = 0; m < M; ++m)
+    for (i64 j = 0; j < N; ++j) {
+      i64 s = 0;
+      for (i64 k = 0; k < K; ++k) {
+        const i64 av = a_code == 0 ? static_cast<int8_t>(a[m * K + k]) : a[m * K + k];
+        s += (av - za) * (b[k * N + j] - zb[j]);
+      }
+      const i64 want = static_cast<int32_t>(static_cast<uint32_t>(s)) - zx[j];
+      if (y[m * N + j] != static_cast<int32_t>(want))
+        return "gave " + std::to_string(y[m * N + j]) + " instead of " + std::to_string(want);
+    }
+  return "";
+}
+
+}  // namespace
+
+extern "C" {
+
+int ivit_qgemm_supported(int isa) { return isa >= PORTABLE && isa <= VNNI && cpu_has(isa) ? 1 : 0; }
+
+void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t* b, const int64_t* zb, int64_t nzb,
+                        int64_t za, const int64_t* zx, const int64_t* mult, const int64_t* shift, int64_t nch,
+                        int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table, int out_code,
+                        const char** err) {
+  isa = pick(isa);
+  auto fail = [&](const char* why) -> void* {
+    *err = why;
+    return nullptr;
+  };
+  if (isa < PORTABLE || isa > VNNI) return fail("IVIT_GEMM_ISA must be portable, avx2 or vnni");
+  if (!cpu_has(isa)) return fail("this CPU lacks the instruction set of the GEMM path asked for");
+  if (a_code != 0 && a_code != 1) return fail("A must be int8 or uint8");
+  if (out_code < I8 || out_code > I32) return fail("the output must be int8, uint8, int16 or int32");
+  if (k < 1 || n < 1) return fail("K and N must be at least 1");
+  if ((nzb != 1 && nzb != n) || (nch != 1 && nch != n)) return fail("parameters must be per tensor or per column");
+  if (qmin > qmax) return fail("qmin must not exceed qmax");
+  if (table && qmax - qmin >= (i64(1) << 24)) return fail("the table would be too large");
+  for (i64 j = 0; j < nch; ++j)
+    if (shift[j] < 0 || shift[j] > 62) return fail("shifts must be in 0..62");
+  auto g = std::make_unique<QGemm>();
+  g->isa = isa, g->a_code = a_code, g->out_code = out_code, g->k = k, g->n = n, g->lay = layout(isa);
+  g->kp = (k + g->lay.kstep - 1) / g->lay.kstep * g->lay.kstep;
+  g->tiles = (n + g->lay.nr - 1) / g->lay.nr;
+  g->za_enc = isa == VNNI && a_code == 0 ? za + 128 : za;
+  g->zy = zy, g->qmin = qmin, g->qmax = qmax;
+  const i64 nr = g->lay.nr, kstep = g->lay.kstep, kp = g->kp;
+  if (isa == VNNI) g->b8.assign(g->tiles * kp * nr, 0); else g->b16.assign(g->tiles * kp * nr, 0);
+  for (i64 kk = 0; kk < k; ++kk)
+    for (i64 j = 0; j < n; ++j) {
+      const i64 t = j / nr, at = t * kp * nr + (kk / kstep) * nr * kstep + (j % nr) * kstep + kk % kstep;
+      if (isa == VNNI) g->b8[at] = b[kk * n + j]; else g->b16[at] = b[kk * n + j];
+    }
+  for (i64 j = 0; j < n; ++j) {
+    uint32_t colsum = 0;
+    for (i64 kk = 0; kk < k; ++kk) colsum += static_cast<uint32_t>(static_cast<int32_t>(b[kk * n + j]));
+    const uint32_t zbj = static_cast<uint32_t>(zb[nzb == 1 ? 0 : j]), zae = static_cast<uint32_t>(g->za_enc);
+    g->zb.push_back(static_cast<int32_t>(zbj));
+    g->corr.push_back(static_cast<int32_t>(zae * colsum - static_cast<uint32_t>(k) * zae * zbj));
+    const i64 c = shift[nch == 1 ? 0 : j];
+    g->zx.push_back(zx[nch == 1 ? 0 : j]);
+    g->mult.push_back(mult[nch == 1 ? 0 : j]);
+    g->shift.push_back(c);
+    g->half.push_back(c ? i64(1) << (c - 1) : 0);
+  }
+  if (table) g->table.assign(table, table + (qmax - qmin + 1));
+  g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX;
+  for (i64 j = 0; j < n; ++j) g->fast = g->fast && g->mult[j] >= INT32_MIN && g->mult[j] <= INT32_MAX;
+  const i64 padded = g->tiles * nr;  // the vector epilogue reads whole tiles (padding columns: unused)
+  for (auto* v : {&g->zx, &g->mult, &g->half, &g->shift}) v->resize(padded, 0);
+  g->zb.resize(padded, 0);
+  g->corr.resize(padded, 0);
+  for (i64 j = 0; j < padded; ++j) {
+    const i64 c = g->shift[j];
+    g->zxb.push_back(static_cast<i64>(static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j])));
+    g->hf.push_back(static_cast<i64>(static_cast<uint64_t>(g->half[j]) ^ (uint64_t(1) << 63)));
+    g->zs.push_back(static_cast<i64>(static_cast<uint64_t>(zy) - (uint64_t(1) << (63 - c))));
+  }
+  return g.release();
+}
+
+int ivit_qgemm_isa(const void* g) { return static_cast<const QGemm*>(g)->isa; }
+
+int ivit_qgemm_run(const void* gp, const void* a, int64_t rows, void* y, int threads) {
+  const QGemm& g = *static_cast<const QGemm*>(gp);
+  switch (g.out_code) {
+    case I8: run_all(g, a, rows, static_cast<int8_t*>(y), threads); return 0;
+    case U8: run_all(g, a, rows, static_cast<uint8_t*>(y), threads); return 0;
+    case I16: run_all(g, a, rows, static_cast<int16_t*>(y), threads); return 0;
+    case I32: run_all(g, a, rows, static_cast<int32_t*>(y), threads); return 0;
+    default: return 1;
+  }
+}
+
+void ivit_qgemm_destroy(void* g) { delete static_cast<QGemm*>(g); }
+
+}  // extern "C"
+
+namespace ivit {
+
+std::string check_qgemm() {
+  static const std::string result = [] {
+    // IVIT_GEMM_PROBE_FAULT=qgemm (tests): every vector path counts as wrong
+    const char* fault = std::getenv("IVIT_GEMM_PROBE_FAULT");
+    const bool faulty = fault && !std::strcmp(fault, "qgemm");
+    std::string out;
+    for (int isa : {VNNI, AVX2, PORTABLE}) {
+      if (!cpu_has(isa)) continue;
+      std::string why;
+      for (int a_code : {0, 1})
+        if (why.empty()) why = probe(isa, a_code);
+      if (faulty && isa != PORTABLE && why.empty()) why = "IVIT_GEMM_PROBE_FAULT";
+      if (!why.empty()) g_refused |= 1 << isa;
+      out += std::string(out.empty() ? "" : ", ") + (isa == VNNI ? "vnni" : isa == AVX2 ? "avx2" : "portable") +
+             (why.empty() ? " exact" : " refused (" + why + ")");
+    }
+    return out;
+  }();
+  return result;
+}
+
+}  // namespace ivit

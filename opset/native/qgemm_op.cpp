@@ -1,0 +1,255 @@
+// The onnxruntime custom ops of QGemm (qgemm.h), domain ai.ivit.engine, which only the onnxruntime engine's
+// compile step writes (ivit_onnx/engines/onnxruntime/qgemm_fold.py):
+//   QGemm(A, a_zero_point, B, b_zero_point, x_zero_point, multiplier, shift, y_zero_point) -> y
+//   QGemmTable(..., y_zero_point, table) -> table[y - qmin]
+// attributes qmin, qmax. Every input but A must be a constant initializer: B is packed, and the parameters
+// expanded per column, once, when onnxruntime creates the kernel; the kernel is then immutable, so onnxruntime
+// may run it concurrently. The rows run on onnxruntime's intra-op pool (one thread: one core).
+
+#include <string>
+#include <vector>
+
+#include "ort_abi.h"
+#include "parallel.h"
+#include "qgemm.h"
+
+namespace {
+
+using i64 = int64_t;
+const ort::Api* g_api = nullptr;
+
+template <class Sig>
+Sig* api(ort::Slot s) { return g_api->fn<Sig>(s); }
+
+// KernelInfoGetConstantInput_tensor (API version 15): Status*(const KernelInfo*, size_t, int* is_constant,
+// const Value** out); not in ort_abi.h's list, which other parts of the library share.
+constexpr int CONSTANT_INPUT_SLOT = 249;
+
+struct Error {
+  std::string msg;
+};
+
+void check(ort::Status* s) {
+  if (!s) return;
+  std::string msg = api<const char*(const ort::Status*)>(ort::GetErrorMessage)(s);
+  api<void(ort::Status*)>(ort::ReleaseStatus)(s);
+  throw Error{msg};
+}
+
+ort::Status* status(const std::string& msg) {
+  return api<ort::Status*(ort::ErrorCode, const char*)>(ort::CreateStatus)(ort::INVALID_ARGUMENT, msg.c_str());
+}
+
+struct Tensor {
+  int elem = 0;
+  std::vector<i64> shape;
+  const void* data = nullptr;
+  i64 size = 1;
+  i64 at(i64 i) const {
+    switch (elem) {
+      case ort::INT8: return static_cast<const int8_t*>(data)[i];
+      case ort::UINT8: return static_cast<const uint8_t*>(data)[i];
+      case ort::INT16: return static_cast<const int16_t*>(data)[i];
+      case ort::INT32: return static_cast<const int32_t*>(data)[i];
+      default: return static_cast<const int64_t*>(data)[i];
+    }
+  }
+};
+
+Tensor read(const ort::Value* v) {
+  ort::TensorInfo* info = nullptr;
+  check(api<ort::Status*(const ort::Value*, ort::TensorInfo**)>(ort::GetTensorTypeAndShape)(v, &info));
+  Tensor t;
+  size_t rank = 0;
+  ort::ElemType elem{};
+  ort::Status* s = api<ort::Status*(const ort::TensorInfo*, ort::ElemType*)>(ort::GetTensorElementType)(info, &elem);
+  if (!s) s = api<ort::Status*(const ort::TensorInfo*, size_t*)>(ort::GetDimensionsCount)(info, &rank);
+  t.shape.resize(rank);
+  if (!s) s = api<ort::Status*(const ort::TensorInfo*, int64_t*, size_t)>(ort::GetDimensions)(info, t.shape.data(), rank);
+  api<void(ort::TensorInfo*)>(ort::ReleaseTensorTypeAndShapeInfo)(info);
+  check(s);
+  void* data = nullptr;
+  check(api<ort::Status*(ort::Value*, void**)>(ort::GetTensorMutableData)(const_cast<ort::Value*>(v), &data));
+  t.elem = elem;
+  t.data = data;
+  for (i64 d : t.shape) t.size *= d;
+  return t;
+}
+
+int code(int elem) {  // dtype code of kernels.h
+  switch (elem) {
+    case ort::INT8: return 0;
+    case ort::UINT8: return 1;
+    case ort::INT16: return 2;
+    case ort::INT32: return 3;
+    default: return -1;
+  }
+}
+
+struct Kernel {
+  void* gemm;
+  i64 k, n;
+  std::string node;
+};
+
+struct QOp {
+  ort::CustomOp base;
+  bool table;
+};
+
+bool has_table(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op)->table; }
+
+const char* name_of(bool table) { return table ? "QGemmTable" : "QGemm"; }
+
+std::string node_name(const ort::KernelInfo* info) {
+  char buf[512];
+  size_t size = sizeof(buf);
+  ort::Status* s = api<ort::Status*(const ort::KernelInfo*, char*, size_t*)>(ort::KernelInfo_GetNodeName)(info, buf, &size);
+  if (s) {
+    api<void(ort::Status*)>(ort::ReleaseStatus)(s);
+    return "?";
+  }
+  return buf;
+}
+
+Tensor constant(const ort::KernelInfo* info, size_t i) {
+  int is_const = 0;
+  const ort::Value* v = nullptr;
+  check(api<ort::Status*(const ort::KernelInfo*, size_t, int*, const ort::Value**)>(
+      static_cast<ort::Slot>(CONSTANT_INPUT_SLOT))(info, i, &is_const, &v));
+  if (!is_const || !v) throw Error{"input " + std::to_string(i) + " must be a constant initializer"};
+  return read(v);
+}
+
+// a parameter with 1 or n values, as n int64
+std::vector<i64> per_column(const Tensor& t, i64 n, const char* what) {
+  if (t.size != 1 && t.size != n) throw Error{std::string(what) + " must have 1 or N values"};
+  std::vector<i64> v(n);
+  for (i64 j = 0; j < n; ++j) v[j] = t.at(t.size == 1 ? 0 : j);
+  return v;
+}
+
+ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelInfo* info, void** out) {
+  const bool table = has_table(op);
+  const std::string node = node_name(info);
+  try {
+    i64 attr[2];
+    const char* names[2] = {"qmin", "qmax"};
+    for (int i = 0; i < 2; ++i)
+      check(api<ort::Status*(const ort::KernelInfo*, const char*, int64_t*)>(ort::KernelInfoGetAttribute_int64)(
+          info, names[i], &attr[i]));
+    const Tensor za = constant(info, 1), b = constant(info, 2), zb = constant(info, 3), zx = constant(info, 4);
+    const Tensor mult = constant(info, 5), shift = constant(info, 6), zy = constant(info, 7);
+    if (b.shape.size() != 2 || b.elem != ort::INT8) throw Error{"B must be 2-D int8"};
+    const i64 k = b.shape[0], n = b.shape[1];
+    if (za.size != 1 || zy.size != 1) throw Error{"the zero points of A and y must be single values"};
+    const int a_code = code(za.elem);
+    std::vector<int32_t> tab;
+    int out_code = code(zy.elem);
+    if (table) {
+      const Tensor t = constant(info, 8);
+      if (t.shape.size() != 1 || t.size != attr[1] - attr[0] + 1)
+        throw Error{"the table must be 1-D with qmax - qmin + 1 entries"};
+      for (i64 i = 0; i < t.size; ++i) tab.push_back(static_cast<int32_t>(t.at(i)));
+      out_code = code(t.elem);
+    }
+    const auto zbs = per_column(zb, n, "b_zero_point"), zxs = per_column(zx, n, "x_zero_point");
+    const auto ms = per_column(mult, n, "multiplier"), cs = per_column(shift, n, "shift");
+    const char* err = nullptr;
+    void* g = ivit_qgemm_create(0, a_code, k, n, static_cast<const int8_t*>(b.data), zbs.data(), n, za.at(0),
+                                zxs.data(), ms.data(), cs.data(), n, zy.at(0), attr[0], attr[1],
+                                table ? tab.data() : nullptr, out_code, &err);
+    if (!g) throw Error{err};
+    *out = new Kernel{g, k, n, node};
+    return nullptr;
+  } catch (const Error& e) {
+    return status(std::string("ai.ivit.engine ") + name_of(table) + " node '" + node + "' refused: " + e.msg);
+  }
+}
+
+struct PoolScope {  // the kernel's chunks run on onnxruntime's intra-op pool while this is alive
+  ivit::ParallelHook old;
+  explicit PoolScope(ort::KernelContext* ctx) : old(ivit::set_parallel_hook({&run, ctx})) {}
+  ~PoolScope() { ivit::set_parallel_hook(old); }
+  static void run(void* ctx, void (*fn)(void*, size_t), size_t total, void* data) {
+    using ParallelFor = ort::Status*(const ort::KernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
+    ort::Status* s = api<ParallelFor>(ort::KernelContext_ParallelFor)(static_cast<ort::KernelContext*>(ctx), fn,
+                                                                      total, 0, data);
+    if (s) {  // no pool: run the chunks here
+      api<void(ort::Status*)>(ort::ReleaseStatus)(s);
+      for (size_t t = 0; t < total; ++t) fn(data, t);
+    }
+  }
+};
+
+ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
+  const Kernel& k = *static_cast<const Kernel*>(kernel);
+  try {
+    const ort::Value* v = nullptr;
+    check(api<ort::Status*(const ort::KernelContext*, size_t, const ort::Value**)>(ort::KernelContext_GetInput)(
+        ctx, 0, &v));
+    const Tensor a = read(v);
+    if (a.shape.empty() || a.shape.back() != k.k)
+      throw Error{"A's last axis must be B's K = " + std::to_string(k.k)};
+    std::vector<i64> shape = a.shape;
+    shape.back() = k.n;
+    ort::Value* out = nullptr;
+    check(api<ort::Status*(ort::KernelContext*, size_t, const int64_t*, size_t, ort::Value**)>(
+        ort::KernelContext_GetOutput)(ctx, 0, shape.data(), shape.size(), &out));
+    const Tensor y = read(out);
+    const i64 rows = a.size / k.k;
+    if (rows == 0) return nullptr;
+    PoolScope pool(ctx);
+    ivit_qgemm_run(k.gemm, a.data, rows, const_cast<void*>(y.data), 1);
+    return nullptr;
+  } catch (const Error& e) {
+    return status("ai.ivit.engine QGemm node '" + k.node + "': " + e.msg);
+  }
+}
+
+QOp make(bool table) {
+  ort::CustomOp o{};
+  o.version = ort::API_VERSION;
+  o.CreateKernel = [](const ort::CustomOp*, const ort::Api*, const ort::KernelInfo*) -> void* { return nullptr; };
+  o.GetName = [](const ort::CustomOp* op) { return name_of(has_table(op)); };
+  o.GetExecutionProviderType = [](const ort::CustomOp*) -> const char* { return nullptr; };
+  // A, a_zero_point: int8 or uint8; B, b_zero_point int8; x_zero_point int32; multiplier, shift int64;
+  // y_zero_point and the table: the output's type (undefined: checked when the kernel is created)
+  o.GetInputType = [](const ort::CustomOp*, size_t i) {
+    static const ort::ElemType types[] = {ort::UNDEFINED, ort::UNDEFINED, ort::INT8,      ort::INT8,     ort::INT32,
+                                          ort::INT64,     ort::INT64,     ort::UNDEFINED, ort::UNDEFINED};
+    return types[i];
+  };
+  o.GetInputTypeCount = [](const ort::CustomOp* op) -> size_t { return has_table(op) ? 9 : 8; };
+  o.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::UNDEFINED; };
+  o.GetOutputTypeCount = [](const ort::CustomOp*) -> size_t { return 1; };
+  o.KernelCompute = [](void*, ort::KernelContext*) {};
+  o.KernelDestroy = [](void* k) {
+    ivit_qgemm_destroy(static_cast<Kernel*>(k)->gemm);
+    delete static_cast<Kernel*>(k);
+  };
+  o.GetInputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::REQUIRED; };
+  o.GetOutputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::OPTIONAL; };  // as ort_ops.cpp's
+  o.GetInputMemoryType = [](const ort::CustomOp*, size_t) { return 0; };
+  o.GetVariadicInputMinArity = [](const ort::CustomOp*) { return 1; };
+  o.GetVariadicInputHomogeneity = [](const ort::CustomOp*) { return 0; };
+  o.GetVariadicOutputMinArity = [](const ort::CustomOp*) { return 1; };
+  o.GetVariadicOutputHomogeneity = [](const ort::CustomOp*) { return 0; };
+  o.CreateKernelV2 = create;
+  o.KernelComputeV2 = compute;
+  o.GetStartVersion = [](const ort::CustomOp*) { return 1; };
+  o.GetEndVersion = [](const ort::CustomOp*) { return 1; };
+  return QOp{o, table};
+}
+
+}  // namespace
+
+namespace ivit {
+
+const ort::CustomOp* qgemm_op(const ort::Api* api, bool table) {
+  g_api = api;
+  static const QOp ops[2] = {make(false), make(true)};
+  return &ops[table ? 1 : 0].base;
+}
+
+}  // namespace ivit

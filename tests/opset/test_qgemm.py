@@ -1,0 +1,260 @@
+"""The library's own 8-bit GEMM with Requantize fused (``opset/native/qgemm.cpp``, op ``ai.ivit.engine``
+QGemm), bit for bit against numpy: MatMulInteger's int32 accumulator, then the Requantize reference (and
+the table of QGemmTable).
+
+Every instruction-set path (portable C++, AVX2 ``vpmaddwd``, AVX-512 VNNI ``vpdpbusd``) is run through the
+C entry points with the path named, and through onnxruntime with ``IVIT_GEMM_ISA`` forcing it; a path this
+CPU lacks is skipped with the reason. Cases: int8 and uint8 activations, K in (1, 7, 64, 257, 1024), odd N,
+row counts across the kernel's chunks, zero points, per-tensor and per-column parameters, operands at
+-128 / 127 / 255, 1 and 3 threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ivit_onnx.opset import native_kernels
+from ivit_onnx.opset.ort_library import native_library
+from ivit_onnx.opset.requantize import reference as requantize
+
+pytestmark = pytest.mark.skipif(not native_kernels.available(), reason="native library not built")
+ISAS = {"portable": 1, "avx2": 2, "vnni": 3}
+CODES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3}
+KS = (1, 7, 64, 257, 1024)
+DOMAIN = "ai.ivit.engine"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _lib():
+    lib = native_kernels._LIB
+    p, i, c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.ivit_qgemm_supported.argtypes, lib.ivit_qgemm_supported.restype = [c], c
+    lib.ivit_qgemm_create.argtypes = [c, c, i, i, p, p, i, i, p, p, p, i, i, i, i, p, c,
+                                      ctypes.POINTER(ctypes.c_char_p)]
+    lib.ivit_qgemm_create.restype = p
+    lib.ivit_qgemm_isa.argtypes, lib.ivit_qgemm_isa.restype = [p], c
+    lib.ivit_qgemm_run.argtypes, lib.ivit_qgemm_run.restype = [p, p, i, p, c], c
+    lib.ivit_qgemm_destroy.argtypes = [p]
+    return lib
+
+
+def need(isa: str) -> None:
+    if not _lib().ivit_qgemm_supported(ISAS[isa]):
+        pytest.skip(f"this CPU lacks the {isa} path's instructions")
+
+
+def reference(a, za, b, zb, zx, mult, shift, zy, qmin, qmax, table=None):
+    """MatMulInteger (int32 accumulator, wrapping as an int32 matmul does), Requantize, then the table."""
+    acc = ((a.astype(np.int64) - za) @ (b.astype(np.int64) - zb)).astype(np.int32)
+    y = requantize(acc, np.int32(0) + zx, mult, shift, zy, qmin=qmin, qmax=qmax)
+    return y if table is None else table[y.astype(np.int64) - qmin]
+
+
+def case(rng, adt, k: int, n: int, rows: int, per_column: bool, out=np.int8, extremes=True):
+    """Operands (at their extremes where ``extremes``) and converter-like Requantize parameters."""
+    info = np.iinfo(adt)
+    a = rng.integers(info.min, info.max + 1, (rows, k)).astype(adt)
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    if extremes:
+        a[rng.random(a.shape) < 0.5] = info.max if adt == np.uint8 else info.min
+        a[rng.random(a.shape) < 0.2] = info.max
+        b[rng.random(b.shape) < 0.4] = -128
+        b[rng.random(b.shape) < 0.2] = 127
+    size = n if per_column else 1
+    za = adt(rng.integers(info.min, info.max + 1))
+    zb = rng.integers(-128, 128, size).astype(np.int8)
+    zx = rng.integers(-(1 << 20), 1 << 20, size).astype(np.int32)
+    shift = rng.integers(0, 40, size).astype(np.int64)
+    mult = (rng.integers(1, 1 << 24, size) * rng.choice([-1, 1], size)).astype(np.int64)
+    o = np.iinfo(out)
+    zy = out(rng.integers(max(o.min, -100), min(o.max, 100) + 1))
+    qmin, qmax = int(o.min), int(o.max)
+    if out == np.int8:
+        qmin, qmax = -127, 120  # narrower than the type, as the converter's restricted ranges
+    return dict(a=a, za=za, b=b, zb=zb, zx=zx, mult=mult, shift=shift, zy=zy, qmin=qmin, qmax=qmax)
+
+
+def run_c(isa: str, c: dict, threads: int = 1, table=None) -> np.ndarray:
+    """The GEMM through the C entry points, on ``isa``."""
+    lib = _lib()
+    k, n = c["b"].shape
+    arr = {key: np.ascontiguousarray(np.asarray(c[key]).reshape(-1).astype(np.int64))
+           for key in ("zb", "zx", "mult", "shift")}
+    nch = arr["zx"].size
+    assert arr["mult"].size == arr["shift"].size == nch
+    tab = None if table is None else np.ascontiguousarray(table.astype(np.int32))
+    out_dt = np.asarray(c["zy"]).dtype if table is None else table.dtype
+    err = ctypes.c_char_p()
+    b = np.ascontiguousarray(c["b"])
+    g = lib.ivit_qgemm_create(ISAS[isa], CODES[c["a"].dtype], k, n, b.ctypes.data, arr["zb"].ctypes.data,
+                              arr["zb"].size, int(c["za"]), arr["zx"].ctypes.data, arr["mult"].ctypes.data,
+                              arr["shift"].ctypes.data, nch, int(c["zy"]), c["qmin"], c["qmax"],
+                              None if tab is None else tab.ctypes.data, CODES[np.dtype(out_dt)],
+                              ctypes.byref(err))
+    assert g, err.value
+    try:
+        assert lib.ivit_qgemm_isa(g) == ISAS[isa]
+        a = np.ascontiguousarray(c["a"])
+        y = np.zeros((a.shape[0], n), out_dt)
+        assert lib.ivit_qgemm_run(g, a.ctypes.data, a.shape[0], y.ctypes.data, threads) == 0
+        return y
+    finally:
+        lib.ivit_qgemm_destroy(g)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("adt", [np.int8, np.uint8])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_paths_bit_exact(isa, adt, per_column):
+    need(isa)
+    rng = np.random.default_rng([KS[0], ISAS[isa], int(per_column), np.dtype(adt).num])
+    for k in KS:
+        for n, rows in ((1, 1), (17, 5), (33, 50), (63, 97)):
+            c = case(rng, adt, k, n, rows, per_column)
+            want = reference(**c)
+            for threads in (1, 3):
+                np.testing.assert_array_equal(run_c(isa, c, threads), want,
+                                              err_msg=f"{isa} K={k} N={n} M={rows}")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_wide_multipliers(isa):
+    """Multipliers past int32 (the vector paths' scalar epilogue), and qmin/qmax past int32 with int32 out."""
+    need(isa)
+    rng = np.random.default_rng(ISAS[isa] + 40)
+    for adt in (np.int8, np.uint8):
+        c = case(rng, adt, 64, 37, 20, True)
+        c["mult"][3] = (1 << 40) + 3
+        c["shift"][:] = 50
+        np.testing.assert_array_equal(run_c(isa, c), reference(**c))
+        c = case(rng, adt, 7, 19, 11, False, out=np.int32)
+        c["qmin"], c["qmax"] = -(1 << 40), 1 << 40
+        np.testing.assert_array_equal(run_c(isa, c), reference(**c))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_worst_case_accumulators(isa):
+    """Every product at its largest, K = 1024: the raw int32 accumulator (b = 1, c = 0, int32 output)."""
+    need(isa)
+    for adt, av, za in ((np.uint8, 255, 0), (np.int8, -128, 127), (np.uint8, 0, 255), (np.int8, 127, -128)):
+        for bv, zb in ((-128, 127), (127, -128), (-128, 0)):
+            k, n = 1024, 19
+            c = dict(a=np.full((3, k), av, adt), za=adt(za), b=np.full((k, n), bv, np.int8), zb=np.int8(zb),
+                     zx=np.int32(-5), mult=np.int64(1), shift=np.int64(0), zy=np.int32(0),
+                     qmin=-(1 << 31), qmax=(1 << 31) - 1)
+            y = run_c(isa, c)
+            assert int(y[0, 0]) == k * (av - za) * (bv - zb) + 5
+            np.testing.assert_array_equal(y, reference(**c))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("out", [np.uint8, np.int16, np.int32])
+def test_output_types_and_table(isa, out):
+    need(isa)
+    rng = np.random.default_rng(ISAS[isa] * 7 + np.dtype(out).num)
+    c = case(rng, np.uint8, 257, 45, 61, True, out=out)
+    np.testing.assert_array_equal(run_c(isa, c), reference(**c))
+    c = case(rng, np.int8, 64, 31, 9, False)
+    table = rng.integers(-(1 << 15), 1 << 15, c["qmax"] - c["qmin"] + 1).astype(np.int16)
+    np.testing.assert_array_equal(run_c(isa, c, table=table), reference(**c, table=table))
+
+
+def qgemm_model(c: dict, table=None, batch_shape=()) -> tuple[onnx.ModelProto, dict]:
+    """A one-node QGemm (QGemmTable) model, everything but A an initializer."""
+    k, n = c["b"].shape
+    inits = [numpy_helper.from_array(np.asarray(c[key]), key)
+             for key in ("za", "b", "zb", "zx", "mult", "shift", "zy")]
+    names = ["a", "za", "b", "zb", "zx", "mult", "shift", "zy"]
+    out_dt = np.asarray(c["zy"]).dtype
+    if table is not None:
+        inits.append(numpy_helper.from_array(table, "table"))
+        names.append("table")
+        out_dt = table.dtype
+    a = c["a"].reshape(*batch_shape, -1, k)
+    node = helper.make_node("QGemmTable" if table is not None else "QGemm", names, ["y"], domain=DOMAIN,
+                            name="gemm", qmin=c["qmin"], qmax=c["qmax"])
+    elem = helper.np_dtype_to_tensor_dtype
+    graph = helper.make_graph([node], "qgemm", [helper.make_tensor_value_info("a", elem(a.dtype), a.shape)],
+                              [helper.make_tensor_value_info("y", elem(np.dtype(out_dt)), None)], inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    return model, {"a": a}
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict, threads: int = 1) -> np.ndarray:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.register_custom_ops_library(native_library())
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_onnxruntime_op(isa, monkeypatch):
+    """The custom op, with IVIT_GEMM_ISA forcing the path, on batched A, with and without the table."""
+    need(isa)
+    monkeypatch.setenv("IVIT_GEMM_ISA", isa)
+    rng = np.random.default_rng(ISAS[isa])
+    for adt, per_column in ((np.int8, True), (np.uint8, False)):
+        c = case(rng, adt, 257, 37, 2 * 3 * 11, per_column)
+        model, feeds = qgemm_model(c, batch_shape=(2, 3))
+        want = reference(**c).reshape(2, 3, 11, 37)
+        for threads in (1, 2):
+            np.testing.assert_array_equal(ort_run(model, feeds, threads), want)
+        table = rng.integers(-128, 128, c["qmax"] - c["qmin"] + 1).astype(np.int8)
+        model, feeds = qgemm_model(c, table=table)
+        np.testing.assert_array_equal(ort_run(model, feeds), reference(**c, table=table))
+
+
+def test_refusals(monkeypatch):
+    """A non-constant B, or a path this CPU or build cannot run, is refused naming the node."""
+    rng = np.random.default_rng(3)
+    c = case(rng, np.uint8, 7, 5, 3, False)
+    model, feeds = qgemm_model(c)
+    monkeypatch.setenv("IVIT_GEMM_ISA", "sse9")
+    with pytest.raises(Exception, match="QGemm node 'gemm' refused: IVIT_GEMM_ISA must be"):
+        ort_run(model, feeds)
+    monkeypatch.delenv("IVIT_GEMM_ISA")
+    model.graph.initializer.remove(next(t for t in model.graph.initializer if t.name == "b"))
+    model.graph.input.append(helper.make_tensor_value_info("b", TensorProto.INT8, [7, 5]))
+    with pytest.raises(Exception, match="QGemm node 'gemm' refused: input 2 must be a constant"):
+        ort_run(model, {**feeds, "b": c["b"]})
+
+
+def test_self_check_probes_every_path():
+    """Registration probes each path at its worst cases and records the outcome; a refused path is never
+    picked (``IVIT_GEMM_PROBE_FAULT=qgemm`` refuses the vector paths; in a fresh process, as the probe runs
+    once per process)."""
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(native_library())
+    outcome = opts.get_session_config_entry("ivit.qgemm_check")
+    for isa in ISAS:
+        if _lib().ivit_qgemm_supported(ISAS[isa]):
+            assert f"{isa} exact" in outcome
+    code = (
+        "import numpy as np, onnxruntime as ort\n"
+        "from tests.opset.test_qgemm import case, qgemm_model, ort_run, reference, native_library\n"
+        "c = case(np.random.default_rng(1), np.int8, 257, 37, 20, True)\n"
+        "model, feeds = qgemm_model(c)\n"
+        "assert np.array_equal(ort_run(model, feeds), reference(**c))\n"
+        "o = ort.SessionOptions(); o.register_custom_ops_library(native_library())\n"
+        "print(o.get_session_config_entry('ivit.qgemm_check'))\n"
+    )
+    env = {**os.environ, "IVIT_GEMM_PROBE_FAULT": "qgemm"}
+    env.pop("IVIT_GEMM_ISA", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert "portable exact" in out
+    for isa in ("avx2", "vnni"):
+        if _lib().ivit_qgemm_supported(ISAS[isa]):
+            assert f"{isa} refused (IVIT_GEMM_PROBE_FAULT)" in out
