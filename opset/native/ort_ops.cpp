@@ -27,6 +27,7 @@
 #include "ort_abi.h"
 #include "parallel.h"
 #include "poly_exp.h"
+#include "ort_tensor.h"
 #include "qgemm.h"
 
 using ivit::i64;
@@ -97,15 +98,7 @@ const OpDef OPS[] = {
 };
 constexpr int N_OPS = sizeof(OPS) / sizeof(OPS[0]);
 
-int kernel_code(int elem) {  // onnx element type -> dtype code of kernels.h, -1 if not an opset int type
-  switch (elem) {
-    case ort::INT8: return 0;
-    case ort::UINT8: return 1;
-    case ort::INT16: return 2;
-    case ort::INT32: return 3;
-    default: return -1;
-  }
-}
+using ivit::kernel_code;
 
 const char* elem_name(int elem) {
   static const char* names[] = {"undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64"};
@@ -114,21 +107,7 @@ const char* elem_name(int elem) {
 
 using Shape = std::vector<i64>;
 
-struct Tensor {
-  int elem;
-  Shape shape;
-  const void* data;
-  i64 size;
-  i64 at(i64 i) const {  // element i as int64
-    switch (elem) {
-      case ort::INT8: return static_cast<const int8_t*>(data)[i];
-      case ort::UINT8: return static_cast<const uint8_t*>(data)[i];
-      case ort::INT16: return static_cast<const int16_t*>(data)[i];
-      case ort::INT32: return static_cast<const int32_t*>(data)[i];
-      default: return static_cast<const int64_t*>(data)[i];
-    }
-  }
-};
+using Tensor = ivit::OrtTensor;
 
 i64 numel(const Shape& s) {
   i64 n = 1;
@@ -536,25 +515,7 @@ void run_op(Call& c) {
 
 // ------------------------------------------------------------------------- the OrtCustomOp callbacks
 
-Tensor read_value(const ort::Value* v) {
-  ort::TensorInfo* info = nullptr;
-  check(api<ort::Status*(const ort::Value*, ort::TensorInfo**)>(ort::GetTensorTypeAndShape)(v, &info));
-  Tensor t{};
-  size_t rank = 0;
-  ort::ElemType elem{};
-  ort::Status* s = api<ort::Status*(const ort::TensorInfo*, ort::ElemType*)>(ort::GetTensorElementType)(info, &elem);
-  if (!s) s = api<ort::Status*(const ort::TensorInfo*, size_t*)>(ort::GetDimensionsCount)(info, &rank);
-  t.shape.resize(rank);
-  if (!s) s = api<ort::Status*(const ort::TensorInfo*, int64_t*, size_t)>(ort::GetDimensions)(info, t.shape.data(), rank);
-  api<void(ort::TensorInfo*)>(ort::ReleaseTensorTypeAndShapeInfo)(info);
-  check(s);
-  void* data = nullptr;
-  check(api<ort::Status*(ort::Value*, void**)>(ort::GetTensorMutableData)(const_cast<ort::Value*>(v), &data));
-  t.elem = elem;
-  t.data = data;
-  t.size = numel(t.shape);
-  return t;
-}
+Tensor read_value(const ort::Value* v) { return ivit::read_tensor(g_api, v, check); }
 
 void hint_once(SessionKernels* session);
 
