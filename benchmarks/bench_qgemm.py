@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 
 from ivit_onnx import bench
 from ivit_onnx.engines.onnxruntime import InferenceSession
+from ivit_onnx.engines.onnxruntime.session import session_options
 from ivit_onnx.opset import native_kernels
 
 ISAS = {"portable": 1, "avx2": 2, "vnni": 3}
@@ -113,9 +114,9 @@ def model(name: str, out: Path, batch: int, threads: int, iters: int) -> bool:
     paths = _bench_validate().build(out, name)
     feeds = {"input": np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)}
     integer = onnx.load(paths["int"])
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    fp32 = ort.InferenceSession(str(paths["fp32"]), opts, providers=["CPUExecutionProvider"])
+    # no idle spinning anywhere: a spinning pool would steal the cores of the candidate timed after it
+    cpu = ["CPUExecutionProvider"]
+    fp32 = ort.InferenceSession(str(paths["fp32"]), session_options(threads), providers=cpu)
     on = InferenceSession(integer, threads=threads)
     off = InferenceSession(integer, threads=threads, qgemm=False)
     cands = {"fp32 (onnxruntime)": lambda: fp32.run(None, feeds),

@@ -31,6 +31,7 @@
 #include <immintrin.h>
 #define IVIT_T_AVX2 __attribute__((target("avx2")))
 #define IVIT_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define IVIT_T_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
 #else
 #define IVIT_QGEMM_X86 0
 #endif
@@ -42,6 +43,16 @@ enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3 };
 enum Out : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
 
 std::atomic<int> g_refused{0};  // bit per path the self-check refused (never picked by AUTO)
+
+// AVX-512 VBMI (vpermi2b): 8-bit tables of up to 256 entries as 4 registers instead of gathers
+bool cpu_vbmi() {
+#if IVIT_QGEMM_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vbmi");
+#else
+  return false;
+#endif
+}
 
 bool cpu_has(int isa) {
   if (isa == PORTABLE) return true;
@@ -85,9 +96,11 @@ struct QGemm {
   std::vector<int32_t> zb, corr, table;  // per column: zb, za' * colsum - K * za' * zb (mod 2**32)
   std::vector<i64> zx, mult, half, shift;
   // the vector epilogue's (where every multiplier is an int32 and qmin, qmax are int32), per column padded to
-  // whole tiles: zx * b, h ^ 2**63 and zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy)
-  bool fast = false;
-  std::vector<i64> zxb, hf, zs;
+  // whole tiles: off = (h ^ 2**63) - zx * b and zs = zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy)
+  bool fast = false, zb_zero = false;
+  alignas(64) uint8_t tab8[256] = {};  // the table as bytes, for byte outputs with VBMI (vbmi_table)
+  bool vbmi_table = false;
+  std::vector<i64> off, zs;
 };
 
 // ------------------------------------------------------------------------------------------- micro-kernels
@@ -193,43 +206,61 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
 }
 
 // The same values, 16 (AVX-512, written to y directly) or 8 (AVX2, into int32 v) columns at a time (g.fast):
-// acc * b - zx * b is (acc - zx) * b mod 2**64 with one signed 32 x 32-bit multiply, and the floor shift a
+// acc * b + off is (acc - zx) * b + h + 2**63 mod 2**64 with one signed 32 x 32-bit multiply, the floor shift a
 // logical one on the sign-flipped sum (kernels.cpp's AVX2 rescale).
 #if IVIT_QGEMM_X86
-// 8 int64 lanes (in [qmin, qmax]) to y[0..cols) as TO (truncating, as the scalar cast), through the table if any
+// y[0..16) = tab8[v - qmin] for v in int32 lanes, by two vpermi2b (128 entries each) and bit 7 choosing
+IVIT_T_VBMI void lookup16_vbmi(const QGemm& g, __m512i v, uint8_t* y, __mmask16 m) {
+  const __m512i idx = _mm512_castsi128_si512(
+      _mm512_cvtepi32_epi8(_mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin)))));
+  const __m512i t0 = _mm512_load_si512(g.tab8), t1 = _mm512_load_si512(g.tab8 + 64);
+  const __m512i t2 = _mm512_load_si512(g.tab8 + 128), t3 = _mm512_load_si512(g.tab8 + 192);
+  const __m512i lo = _mm512_permutex2var_epi8(t0, idx, t1), hi = _mm512_permutex2var_epi8(t2, idx, t3);
+  const __m128i r = _mm512_castsi512_si128(_mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi));
+  if (m == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(y), r); else _mm_mask_storeu_epi8(y, m, r);
+}
+
+// 16 int32 lanes v to y[0..16) as TO (truncating, as the scalar cast), through the table if any; m: the lanes
+// to write
 template <class TO>
-IVIT_T_VNNI inline void store8(const QGemm& g, __m512i t, TO* y, __mmask8 m) {
-  if (!g.table.empty()) {
-    const __m256i v = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), m, _mm512_sub_epi64(t, _mm512_set1_epi64(g.qmin)),
-                                                  g.table.data(), 4);
-    if constexpr (sizeof(TO) == 1) _mm256_mask_cvtepi32_storeu_epi8(y, m, v);
-    else if constexpr (sizeof(TO) == 2) _mm256_mask_cvtepi32_storeu_epi16(y, m, v);
-    else _mm256_mask_storeu_epi32(y, m, v);
-    return;
+IVIT_T_VNNI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m) {
+  if constexpr (sizeof(TO) == 1) {
+    if (g.vbmi_table) return lookup16_vbmi(g, v, reinterpret_cast<uint8_t*>(y), m);
   }
-  if constexpr (sizeof(TO) == 1) _mm512_mask_cvtepi64_storeu_epi8(y, m, t);
-  else if constexpr (sizeof(TO) == 2) _mm512_mask_cvtepi64_storeu_epi16(y, m, t);
-  else _mm512_mask_cvtepi64_storeu_epi32(y, m, t);
+  if (!g.table.empty())
+    v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, _mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin))),
+                                    g.table.data(), 4);
+  if constexpr (sizeof(TO) == 1) {
+    const __m128i b = _mm512_cvtepi32_epi8(v);
+    if (m == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(y), b); else _mm_mask_storeu_epi8(y, m, b);
+  } else if constexpr (sizeof(TO) == 2) {
+    const __m256i w = _mm512_cvtepi32_epi16(v);
+    if (m == 0xFFFF) _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), w); else _mm256_mask_storeu_epi16(y, m, w);
+  } else {
+    _mm512_mask_storeu_epi32(y, m, v);
+  }
 }
 
 template <class TO>
 IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* y) {
   const __m512i rs = _mm512_set1_epi32(rowsum);
-  const __m512i lo = _mm512_set1_epi64(g.qmin), hi = _mm512_set1_epi64(g.qmax);
+  const __m512i lo = _mm512_set1_epi32(static_cast<int32_t>(g.qmin)), hi = _mm512_set1_epi32(static_cast<int32_t>(g.qmax));
   for (i64 j = 0; j < cols; j += 16) {
     const i64 n = n0 + j;
-    const __m512i acc = _mm512_sub_epi32(
-        _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_mullo_epi32(_mm512_loadu_si512(&g.zb[n]), rs)),
-        _mm512_loadu_si512(&g.corr[n]));
+    __m512i acc = _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_loadu_si512(&g.corr[n]));
+    if (!g.zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_loadu_si512(&g.zb[n]), rs));
+    __m256i part[2];
     for (int half = 0; half < 2; ++half) {
-      const i64 m = n + 8 * half, left = cols - j - 8 * half;
-      if (left <= 0) break;
+      const i64 m = n + 8 * half;
       const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1) : _mm512_castsi512_si256(acc));
-      __m512i t = _mm512_sub_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.zxb[m]));
-      t = _mm512_srlv_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.hf[m])), _mm512_loadu_si512(&g.shift[m]));
-      t = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(t, _mm512_loadu_si512(&g.zs[m])), lo), hi);
-      store8(g, t, y + j + 8 * half, static_cast<__mmask8>(left >= 8 ? 0xFF : (1u << left) - 1));
+      __m512i t = _mm512_add_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.off[m]));
+      t = _mm512_add_epi64(_mm512_srlv_epi64(t, _mm512_loadu_si512(&g.shift[m])), _mm512_loadu_si512(&g.zs[m]));
+      part[half] = _mm512_cvtsepi64_epi32(t);  // saturated to int32: the same clip, qmin and qmax being int32
     }
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
+    const i64 left = cols - j;
+    store16(g, _mm512_min_epi32(_mm512_max_epi32(v, lo), hi), y + j,
+            static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1));
   }
 }
 
@@ -246,8 +277,8 @@ IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum
     for (int half = 0; half < 2; ++half) {
       const i64 m = n + 4 * half;
       const __m256i a = _mm256_cvtepi32_epi64(half ? _mm256_extracti128_si256(acc, 1) : _mm256_castsi256_si128(acc));
-      __m256i t = _mm256_sub_epi64(_mm256_mul_epi32(a, ld(&g.mult[m])), ld(&g.zxb[m]));
-      t = _mm256_add_epi64(_mm256_srlv_epi64(_mm256_add_epi64(t, ld(&g.hf[m])), ld(&g.shift[m])), ld(&g.zs[m]));
+      __m256i t = _mm256_add_epi64(_mm256_mul_epi32(a, ld(&g.mult[m])), ld(&g.off[m]));
+      t = _mm256_add_epi64(_mm256_srlv_epi64(t, ld(&g.shift[m])), ld(&g.zs[m]));
       t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
       t = _mm256_blendv_epi8(t, lo, _mm256_cmpgt_epi64(lo, t));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(v + j + 4 * half),
@@ -294,6 +325,10 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
   uint8_t* __restrict p8 = a8.data();
   int16_t* __restrict p16 = a16.data();
   const i64 k = g.k;
+  // uint8 rows with K a multiple of 4 are read in place by VNNI (but for a last, partial block of rows)
+  const bool direct = vnni && g.a_code == 1 && kp == k;
+  const i64 in_place = direct ? rows / L.mr * L.mr : 0;
+  const uint8_t* a_rows = static_cast<const uint8_t*>(a_raw) + m0 * k;
   for (i64 r = 0; r < padded; ++r) {
     uint8_t* d8 = p8 + r * kp;
     int16_t* d16 = p16 + r * kp;
@@ -301,8 +336,11 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
       if (vnni) std::memset(d8, 0, kp); else std::memset(d16, 0, kp * 2);
       continue;
     }
-    int32_t s = 0;
-    if (vnni) {
+    int32_t s = 0;  // the row sums only matter where zb is not 0
+    if (r < in_place) {
+      if (!g.zb_zero)
+        for (i64 j = 0; j < k; ++j) s += a_rows[r * k + j];
+    } else if (vnni) {
       if (g.a_code == 0) {
         const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;  // int8 bits; ^ 0x80 adds 128
         for (i64 j = 0; j < k; ++j) d8[j] = src[j] ^ 0x80;
@@ -334,7 +372,10 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
         int32_t* out = tile + r0 * L.nr;
         switch (g.isa) {
 #if IVIT_QGEMM_X86
-          case VNNI: micro_vnni(p8 + r0 * kp + k0, kp, klen, g.b8.data() + (t * kp + k0) * 48, out, k0 > 0); break;
+          case VNNI:
+            micro_vnni((r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen, g.b8.data() + (t * kp + k0) * 48, out,
+                       k0 > 0);
+            break;
           case AVX2: micro_avx2(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
 #endif
           default:
@@ -473,7 +514,12 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
     g->half.push_back(c ? i64(1) << (c - 1) : 0);
   }
   if (table) g->table.assign(table, table + (qmax - qmin + 1));
+  if (table && isa == VNNI && (out_code == I8 || out_code == U8) && qmax - qmin < 256 && cpu_vbmi()) {
+    for (i64 i = 0; i <= qmax - qmin; ++i) g->tab8[i] = static_cast<uint8_t>(table[i]);
+    g->vbmi_table = true;
+  }
   g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX;
+  g->zb_zero = std::all_of(g->zb.begin(), g->zb.end(), [](int32_t v) { return v == 0; });
   for (i64 j = 0; j < n; ++j) g->fast = g->fast && g->mult[j] >= INT32_MIN && g->mult[j] <= INT32_MAX;
   const i64 padded = g->tiles * nr;  // the vector epilogue reads whole tiles (padding columns: unused)
   for (auto* v : {&g->zx, &g->mult, &g->half, &g->shift}) v->resize(padded, 0);
@@ -481,8 +527,8 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
   g->corr.resize(padded, 0);
   for (i64 j = 0; j < padded; ++j) {
     const i64 c = g->shift[j];
-    g->zxb.push_back(static_cast<i64>(static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j])));
-    g->hf.push_back(static_cast<i64>(static_cast<uint64_t>(g->half[j]) ^ (uint64_t(1) << 63)));
+    const uint64_t zxb = static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j]);
+    g->off.push_back(static_cast<i64>((static_cast<uint64_t>(g->half[j]) ^ (uint64_t(1) << 63)) - zxb));
     g->zs.push_back(static_cast<i64>(static_cast<uint64_t>(zy) - (uint64_t(1) << (63 - c))));
   }
   return g.release();
