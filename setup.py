@@ -51,7 +51,7 @@ NATIVE = "opset/native/"
 
 SOURCES = [NATIVE + f for f in ("kernels.cpp", "ort_ops.cpp", "gemm_check.cpp", "qgemm.cpp", "qgemm_op.cpp")]
 HEADERS = [NATIVE + f for f in ("intmath.h", "kernels.h", "ort_abi.h", "parallel.h", "gemm_check.h",
-                                "gemm_probe.h", "poly_exp.h", "qgemm.h")]
+                                "gemm_probe.h", "poly_exp.h", "qgemm.h", "ort_tensor.h")]
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import packages() from it
     kernels = Extension(

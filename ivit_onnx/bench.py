@@ -33,8 +33,6 @@ import numpy as np
 from . import cpu
 from .errors import ConversionError, one_line
 
-#: the engines ``--engines`` accepts, in their row order
-ENGINES = ("onnxruntime", "tvm")
 #: the baseline row's name (onnxruntime FP32 on the float model)
 FP32_ORT = "fp32: onnxruntime"
 
@@ -347,7 +345,11 @@ def openvino_peer(path, threads: int | None, feeds: Mapping[str, np.ndarray],
         try:
             import openvino as ov
         except ImportError:
-            raise PeerUnavailable("openvino is not installed (pip install 'openvino==2026.4.*')") from None
+            import platform
+
+            why = ("the bench extra skips it on Linux aarch64, where its wheel needs glibc 2.35"
+                   if platform.machine() == "aarch64" else "pip install 'openvino==2026.4.*'")
+            raise PeerUnavailable(f"openvino is not installed ({why})") from None
         try:
             core = ov.Core()
             model = core.read_model(str(path))
@@ -386,24 +388,27 @@ def openvino_peer(path, threads: int | None, feeds: Mapping[str, np.ndarray],
 # ---------------------------------------------------------------- the ivit-onnx bench command
 
 
-class _OrtEngine:
-    """onnxruntime with the native custom-op library and the session-time rewrites (the fast exact path)."""
+class _EngineRunner:
+    """An engine of the registry (:data:`ivit_onnx.engines.ENGINES`) on the integer model: its session built
+    (and, for the engines that compile, compiled and timed) in ``prepare``."""
 
-    label, exact_label, compile = "int: onnxruntime (library)", "library", False
-
-    def __init__(self, model, threads: int | None):
-        from .runners import OrtRunner
-
-        self.runner = OrtRunner(model, "library", threads)
+    def __init__(self, engine, model, threads: int | None):
+        engine.require(f"--engines {engine.name}")
+        self.engine, self.model, self.threads, self.session = engine, model, threads, None
+        self.label, self.exact_label, self.compile = engine.bench_label, engine.exact_label, engine.compiles
         self.compile_s: float | None = None
         self.detail = ""
 
     def prepare(self, feeds) -> None:
-        self.runner.prepare()
-        self.detail = self.runner.describe()
+        shapes = {k: list(v.shape) for k, v in feeds.items()}
+        self.session = self.engine.session(self.model, self.threads, shapes)
+        if self.compile:
+            self.compile_s = getattr(self.session, "compile_s", None)
+        describe = getattr(self.session, "describe", None)
+        self.detail = describe() if describe is not None else ""
 
     def run(self, feeds):
-        return self.runner.run(feeds)
+        return self.session.run(None, feeds)
 
 
 class _ArtifactEngine:
@@ -426,62 +431,31 @@ class _ArtifactEngine:
         self.detail = ""
 
     def prepare(self, feeds) -> None:
-        from .engines.onnxruntime import InferenceSession
+        from .engines import ENGINES
 
-        self.session = InferenceSession(self.model, self.threads)
+        self.session = ENGINES["onnxruntime"].load(self.model, self.threads)
         self.detail = self.session.describe()
 
     def run(self, feeds):
         return self.session.run(None, feeds)
 
 
-class _TvmEngine:
-    """A TVM llvm build of the integer model for the feeds' shapes (the project's ``compile_model``)."""
-
-    label, exact_label, compile = "int: tvm (llvm)", "tvm", True
-
-    def __init__(self, model, threads: int | None):
-        if threads:  # read when TVM's thread pool starts (at the first run)
-            os.environ["TVM_NUM_THREADS"] = str(threads)
-        try:
-            from .engines.tvm import compile as backend
-        except ImportError as e:
-            raise ConversionError(f"--engines tvm: TVM is not installed ({e.name or one_line(e)}): "
-                                  "pip install 'ivit-onnx[tvm]'") from None
-        self.backend, self.model, self.art = backend, model, None
-        self.compile_s: float | None = None
-        self.detail = ""
-
-    def prepare(self, feeds) -> None:
-        t0 = time.perf_counter()
-        try:
-            self.art = self.backend.compile_model(self.model, target="llvm",
-                                                  shape={k: list(v.shape) for k, v in feeds.items()})
-        except (ConversionError, MemoryError, KeyboardInterrupt):
-            raise
-        except Exception as e:  # noqa: BLE001 - TVM raises many types
-            raise ConversionError(f"--engines tvm: TVM cannot compile the model ({one_line(e)})") from None
-        self.compile_s = time.perf_counter() - t0
-        self.detail = f"llvm build, {self.art.info.get('int8_matmuls')} int8 matmuls"
-
-    def run(self, feeds):
-        return self.backend.run(self.art, feeds)
-
-
 def _engine_runner(name: str, model, threads: int | None):
-    """The engine behind ``--engines NAME`` for the integer ``model`` (the one place to plug in another way
-    of running it): an object with ``label`` (its row), ``exact_label`` (its exactness line), ``compile``
-    (whether preparing it compiles), ``prepare(feeds)`` (untimed: sessions, compilation; may set
-    ``compile_s`` and ``detail``) and ``run(feeds)`` (outputs by name or in graph-output order)."""
-    if name == "onnxruntime":
-        return _OrtEngine(model, threads)
-    if name == "tvm":
-        return _TvmEngine(model, threads)
-    raise ConversionError(f"--engines {name}: unknown engine; choose from {', '.join(ENGINES)}")
+    """The engine behind ``--engines NAME`` for the integer ``model``: an object with ``label`` (its row),
+    ``exact_label`` (its exactness line), ``compile`` (whether preparing it compiles), ``prepare(feeds)``
+    (untimed: sessions, compilation; may set ``compile_s`` and ``detail``) and ``run(feeds)`` (outputs by
+    name or in graph-output order)."""
+    from .engines import ENGINES
+
+    if name not in ENGINES:
+        raise ConversionError(f"--engines {name}: unknown engine; choose from {', '.join(ENGINES)}")
+    return _EngineRunner(ENGINES[name], model, threads)
 
 
 def parse_engines(text: str) -> list[str]:
     """``onnxruntime,tvm`` -> the engine names, checked, in the given order without repeats."""
+    from .engines import ENGINES
+
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     bad = [n for n in names if n not in ENGINES]
     choose = f"choose from {', '.join(ENGINES)}"

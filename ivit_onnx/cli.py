@@ -27,7 +27,7 @@ COMMANDS = {
         ),
     ),
     "compile": (
-        "compile an integer model for an engine: onnxruntime (.onnx) or TVM (.so)",
+        "compile an integer model for an engine: onnxruntime (.onnx), TVM (.so) or C (.c)",
         (
             "Compile an integer-only model for one engine. onnxruntime (-o X.onnx, or --engine "
             "onnxruntime): the custom-op library's exact rewrites applied once (uint8 GEMM operands, bias "
@@ -35,11 +35,13 @@ COMMANDS = {
             "result fast, with the bits of the model as converted. TVM (-o X.so, or --engine tvm; needs the "
             "tvm extra): inline the private ops' function bodies, import with TVM's Relax ONNX frontend, "
             "build with tvm.compile and write a loadable library with a .json sidecar describing its "
-            "inputs, outputs and target."
+            "inputs, outputs and target. C (-o X.c, or --engine c): self-contained integer-only C99 (X.c and "
+            "X.h) for microcontrollers: fixed-width integer types, no float, no malloc, one static arena; "
+            "one sample a call."
         ),
     ),
     "run": (
-        "run a compiled model (.onnx or .so) on an .npz of inputs (or random inputs)",
+        "run a compiled model (.onnx, .so or .c) on an .npz of inputs (or random inputs)",
         (
             "Run a model written by 'ivit-onnx compile' (onnxruntime with the custom-op library for an "
             ".onnx; TVM llvm on this CPU or cuda on GPU 0 for a .so) on the inputs of an .npz file, keyed "
@@ -169,17 +171,16 @@ def _run_rewrite(args) -> int:
     return 0
 
 
-def _add_tvm(sub) -> None:
+def _add_compile(sub) -> None:
+    from .engines import ENGINES
+
     p = _subcommand(sub, "compile")
     p.add_argument("model", help="integer-only .onnx (from 'ivit-onnx rewrite')")
+    suffixes = ", ".join(f"{e.suffix} {e.name}" for e in ENGINES.values())
     p.add_argument("-o", "--output", required=True,
-                   help="the artifact: .onnx for onnxruntime, .so for TVM (its sidecar is .json)")
-    p.add_argument("--engine", choices=ENGINES, help="default: from the output's suffix (.onnx onnxruntime, "
-                   ".so tvm)")
-    p.add_argument("--target", choices=["llvm", "cuda"], default="llvm", help="TVM target (default llvm)")
-    p.add_argument("--arch", help="GPU architecture for cuda, e.g. sm_80, sm_90")
-    p.add_argument("--tune", type=int, default=0, metavar="N", help="meta-schedule trials (default 0: none)")
-    p.add_argument("--tune-db", metavar="DIR", help="persistent meta-schedule database directory")
+                   help="the artifact: .onnx for onnxruntime, .so for TVM (its sidecar is .json), .c for C "
+                   "(with its .h)")
+    p.add_argument("--engine", choices=list(ENGINES), help=f"default: from the output's suffix ({suffixes})")
     p.add_argument(
         "--shape",
         action="append",
@@ -189,24 +190,15 @@ def _add_tvm(sub) -> None:
         "dimension as 1; any other symbolic dimension must be given here",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    for engine in ENGINES.values():
+        engine.add_arguments(p)
     r = _subcommand(sub, "run")
-    r.add_argument("library", help="an artifact of 'ivit-onnx compile': .onnx (onnxruntime) or .so (TVM, its "
-                   ".json sidecar next to it); an integer .onnx as converted runs compiled in memory")
+    r.add_argument("library", help="an artifact of 'ivit-onnx compile': .onnx (onnxruntime), .so (TVM, its "
+                   ".json sidecar next to it) or .c (C, compiled on the fly); an integer .onnx as converted "
+                   "runs compiled in memory")
     r.add_argument("--threads", type=int, default=None, metavar="N", help="onnxruntime intra-op threads")
     r.add_argument("--data", metavar="NPZ", help="inputs by name (default: random, seed 0)")
     r.add_argument("--out", metavar="NPZ", help="write the outputs here")
-
-
-def _tvm():
-    """The TVM backend module, or a one-line error saying which extra to install."""
-    try:
-        from .engines.tvm import compile as backend
-    except ImportError as e:
-        raise ConversionError(
-            f"TVM is not installed ({e.name or one_line(e)}): pip install 'ivit-onnx[tvm]' "
-            "(from a checkout: pip install '.[tvm]')"
-        ) from None
-    return backend
 
 
 def parse_shapes(items: list[str], symbolic: bool = False) -> dict[str, list[int | str]]:
@@ -300,79 +292,23 @@ class Heartbeat:
             self._say(f"still {self.stage}")
 
 
-#: the engines of 'ivit-onnx compile', and the artifact suffix of each
-ENGINES = {"onnxruntime": ".onnx", "tvm": ".so"}
-
-
-def _engine(args) -> str:
+def _engine(args):
     """The engine asked for, or the one the output's suffix names; a mismatch is an error."""
+    from .engines import ENGINES, by_suffix
+
     suffix = os.path.splitext(args.output)[1]
-    by_suffix = next((e for e, s in ENGINES.items() if s == suffix), None)
-    engine = args.engine or by_suffix
+    found = by_suffix(args.output)
+    engine = ENGINES[args.engine] if args.engine else found
     if engine is None:
-        raise ConversionError(f"{args.output}: give --engine onnxruntime (.onnx) or --engine tvm (.so)")
-    if suffix != ENGINES[engine]:
-        raise ConversionError(f"{args.output}: the {engine} engine writes a {ENGINES[engine]} file")
+        choices = " or ".join(f"--engine {e.name} ({e.suffix})" for e in ENGINES.values())
+        raise ConversionError(f"{args.output}: give {choices}")
+    if suffix != engine.suffix:
+        raise ConversionError(f"{args.output}: the {engine.name} engine writes a {engine.suffix} file")
     return engine
 
 
-def _compile_onnxruntime(args) -> int:
-    from .engines.onnxruntime import compile_model, is_artifact
-    from .io import check_output_path, load_model, save_model
-
-    check_output_path(args.output)
-    model = load_model(resolve(args.model))
-    if is_artifact(model):
-        raise ConversionError(f"{args.model}: already compiled for onnxruntime")
-    if not any(n.domain == "ai.ivit" for n in model.graph.node):
-        raise ConversionError(f"{args.model}: not an integer model (no ai.ivit ops): convert it with "
-                              "'ivit-onnx rewrite' first")
-    compiled = compile_model(model)
-    save_model(compiled.model, args.output)
-    if not args.quiet:
-        print(f"wrote {args.output} (onnxruntime engine: {compiled.describe()})")
-    return 0
-
-
 def _run_compile(args) -> int:
-    if _engine(args) == "onnxruntime":
-        return _compile_onnxruntime(args)
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from .io import check_output_path, load_model
-
-    backend = _tvm()
-    out = Path(check_output_path(args.output))
-    model = load_model(resolve(args.model))
-    shapes = compile_shapes(model, args.shape, args.model)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        with Heartbeat("compile", enabled=not args.quiet) as beat:
-            try:
-                art = backend.compile_model(
-                    model,
-                    target=args.target,
-                    arch=args.arch,
-                    tune_trials=args.tune,
-                    tune_db=args.tune_db,
-                    shape=shapes,
-                    progress=beat,
-                )
-                beat("exporting")
-                backend.export(art, tmp / out.name)
-            except (ConversionError, MemoryError, KeyboardInterrupt):
-                raise
-            except Exception as e:  # noqa: BLE001 - TVM raises many types; one line naming the model
-                raise ConversionError(f"{args.model}: TVM cannot compile it ({one_line(e)})") from None
-        os.replace(tmp / out.with_suffix(".json").name, out.with_suffix(".json"))
-        os.replace(tmp / out.name, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    kind, n = art.target.get("kind"), art.info.get("int8_matmuls")
-    print(f"wrote {args.output} (target {kind}, int8 matmuls {n})")
-    return 0
+    return _engine(args).compile(args.model, args.output, args)
 
 
 def _load_feeds(path: str) -> dict:
@@ -389,28 +325,6 @@ def _load_feeds(path: str) -> dict:
         raise ConversionError(f"{path}: not a readable .npz ({one_line(e)})") from None
 
 
-class _OrtArtifact:
-    """An onnxruntime artifact (or int.onnx) behind the TVM artifact's run interface: inputs/outputs as
-    name/shape/dtype dicts (a symbolic batch dimension as 1), ``run(feeds)`` a list in output order."""
-
-    def __init__(self, path: str, threads: int | None):
-        from .session import InferenceSession
-
-        self.session = InferenceSession(path, threads=threads)
-        self.inputs = [self._spec(a) for a in self.session.get_inputs()]
-        self.outputs = [self._spec(a) for a in self.session.get_outputs()]
-
-    @staticmethod
-    def _spec(arg) -> dict:
-        dtype = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
-                 "tensor(int64)": "int64", "tensor(int32)": "int32"}.get(arg.type, "float32")
-        shape = [d if isinstance(d, int) and d > 0 else 1 for d in arg.shape]
-        return {"name": arg.name, "shape": shape, "dtype": dtype}
-
-    def run(self, feeds: dict) -> list:
-        return self.session.run(None, feeds)
-
-
 def _run_run(args) -> int:
     import numpy as np
 
@@ -420,14 +334,13 @@ def _run_run(args) -> int:
         check_output_path(args.out)
     if not os.path.isfile(args.library):
         raise ConversionError(f"{args.library}: no such file")
+    from .engines import for_artifact
+    from .engines.base import spec as arg_spec
+
     try:
-        if args.library.endswith(".so"):
-            backend = _tvm()
-            art = backend.load(args.library)
-            run = lambda feeds: backend.run(art, feeds)  # noqa: E731
-        else:
-            art = _OrtArtifact(args.library, args.threads)
-            run = art.run
+        session = for_artifact(args.library).load(args.library, args.threads)
+        inputs = [arg_spec(a) for a in session.get_inputs()]
+        outputs = [arg_spec(a) for a in session.get_outputs()]
     except ConversionError:
         raise
     except Exception as e:  # noqa: BLE001 - OSError, JSON, KeyError, onnxruntime/TVM errors: one line
@@ -437,7 +350,7 @@ def _run_run(args) -> int:
     else:
         rng = np.random.default_rng(0)
         feeds = {}
-        for i in art.inputs:
+        for i in inputs:
             dt = np.dtype(i["dtype"])
             if dt.kind in "iu":
                 feeds[i["name"]] = rng.integers(
@@ -447,7 +360,7 @@ def _run_run(args) -> int:
                 feeds[i["name"]] = rng.standard_normal(i["shape"]).astype(dt)
     src = args.data or "random inputs"
     try:
-        outs = run(feeds)
+        outs = session.run(None, feeds)
     except KeyError as e:
         raise ConversionError(f"{src}: {e.args[0]} (the inputs of {args.library})") from None
     except ValueError as e:
@@ -455,11 +368,11 @@ def _run_run(args) -> int:
     except Exception as e:  # noqa: BLE001 - TVM runtime errors
         raise ConversionError(f"{args.library}: the run failed ({one_line(e)})") from None
     outs = outs if isinstance(outs, list | tuple) else [outs]
-    for spec, o in zip(art.outputs, outs, strict=False):
+    for spec, o in zip(outputs, outs, strict=False):
         print(f"{spec['name']}: {o.dtype}{list(o.shape)} mean {float(np.mean(o)):.6g}")
     if args.out:
         with atomic_output(args.out) as tmp, open(tmp, "wb") as f:
-            np.savez(f, **{spec["name"]: o for spec, o in zip(art.outputs, outs, strict=False)})
+            np.savez(f, **{spec["name"]: o for spec, o in zip(outputs, outs, strict=False)})
     return 0
 
 
@@ -490,7 +403,8 @@ def _add_bench(sub) -> None:
                    "('ivit-onnx compile MODEL -o F.onnx') beside the engines, its bits checked the same way")
     p.add_argument("--engines", default="onnxruntime", metavar="LIST",
                    help="comma list of onnxruntime (custom-op library), tvm (llvm build; needs the tvm "
-                   "extra; compile time reported apart) (default onnxruntime)")
+                   "extra; compile time reported apart), c (the C engine built by the host compiler, one "
+                   "sample a call) (default onnxruntime)")
     p.add_argument("--batch", type=_int_at_least(1), default=8, metavar="N",
                    help="batch size (the models' first input dimension) (default 8)")
     p.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
@@ -524,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ivit-onnx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_rewrite(sub)
-    _add_tvm(sub)
+    _add_compile(sub)
     _add_bench(sub)
     sub.add_parser("passes", help="list the default pipeline's passes in order")
     sub.add_parser(

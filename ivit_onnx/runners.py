@@ -124,10 +124,10 @@ class OrtRunner(Runner):
             import onnxruntime as ort
 
             if self.name == "library":
-                from ivit_onnx.engines.onnxruntime import InferenceSession
+                from ivit_onnx.engines import ENGINES
 
-                session = InferenceSession(self.model, self.threads, keep=extra, **self.rewrites)
-                self._sessions[extra] = session
+                engine = ENGINES["onnxruntime"]
+                self._sessions[extra] = engine.session(self.model, self.threads, keep=extra, **self.rewrites)
             else:
                 from ivit_onnx.engines.onnxruntime.session import session_options
 
@@ -137,6 +137,10 @@ class OrtRunner(Runner):
                 else:
                     exact_weight_gemms(opts)
                 model = with_outputs(self.model, list(extra)) if extra else self.model
+                if self.name == "functions":
+                    from ivit_onnx.int8_gemms import exact_int8_gemms
+
+                    model = exact_int8_gemms(model)
                 self._sessions[extra] = ort.InferenceSession(model.SerializeToString(), opts,
                                                              providers=["CPUExecutionProvider"])
         return self._sessions[extra]
@@ -146,6 +150,11 @@ class OrtRunner(Runner):
         self._session(())
 
     def describe(self) -> str:
+        if self.name == "functions":
+            from ivit_onnx.int8_gemms import wraps
+
+            return (f"int8 x int8 GEMMs run as uint8 (exact), as onnxruntime's wraps here: {wraps()}"
+                    if wraps() else "")
         return self.engine.describe() if self.name == "library" else ""
 
     def _run(self, feeds, extra):

@@ -1,7 +1,8 @@
 """The GEMM self-check of the custom-op library: onnxruntime's 8-bit GEMM forms at their worst case.
 
 onnxruntime's uint8 x int8 GEMM adds pairs of products in int16 with saturation on x86 CPUs without VNNI
-(VPMADDUBSW), so 255 x 127 summed over K comes out wrong there and nowhere else. The library cannot know every
+(VPMADDUBSW), so 255 x 127 summed over K comes out wrong there; its int8 x int8 GEMM adds pairs in int16 on
+ARM cores without a dot product (Cortex-A72, A64FX), so -128 x -128 wraps there. The library cannot know every
 CPU and onnxruntime build it will meet, so when it is registered (``RegisterCustomOps``, ``opset/native``) it
 runs this model in a session with a copy of the caller's options and compares each output with the exact sums
 below: the same kernels the caller's model will get. One output per GEMM form the session-time rewrites write:
@@ -24,20 +25,26 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 M, K, N = 4, 64, 16
-#: the value every element of each input is fed (the extremes that saturate an int16 pair sum)
-FEEDS = {"a_u8": (np.uint8, 255, (1, M, K)), "b_u8": (np.uint8, 255, (K, N)),
-         "a_s8": (np.int8, -128, (1, M, K)), "b_s8": (np.int8, 127, (K, N))}
-#: the forms checked: output name -> (A input, B input or None for the constant weights)
-FORMS = {"u8s8": ("a_u8", None), "u8u8": ("a_u8", "b_u8"),
-         "s8s8_const": ("a_s8", None), "s8s8": ("a_s8", "b_s8")}
+#: the value every element of each input is fed (the extremes that overflow an int16 pair sum: 255 x 255,
+#: and -128 x -128, whose pairs sum to 32768, which wraps where an int8 x int8 kernel adds pairs in int16)
+FEEDS = {"a_u8": (np.uint8, 255, (1, M, K)), "a_u8_0": (np.uint8, 0, (1, M, K)),
+         "b_u8": (np.uint8, 255, (K, N)), "a_s8": (np.int8, -128, (1, M, K)), "b_s8": (np.int8, -128, (K, N))}
+#: the constant weights, by kind: ``s8`` as the compiled model keeps them (in [-127, 127]: a weight of -128
+#: goes uint8 at compile, since ARM's uint8 x int8 kernel moves A to int8, where -128 x -128 wraps),
+#: ``s8_min`` as converted (-128 too), ``u8`` (such a weight moved to uint8)
+WEIGHT_COLUMNS = {"s8": (np.int8, 127, -127), "s8_min": (np.int8, 127, -128), "u8": (np.uint8, 255, 0)}
+#: the forms checked: output name -> (A input, B input or the kind of constant weights)
+FORMS = {"u8s8": ("a_u8", "s8"), "u8s8_0": ("a_u8_0", "s8"), "u8u8": ("a_u8", "b_u8"),
+         "u8u8_const": ("a_u8", "u8"), "s8s8_const": ("a_s8", "s8_min"), "s8s8": ("a_s8", "b_s8")}
 #: forms of the uint8 fast path; the others are the int8 fallback's
-FAST = ("u8s8", "u8u8")
+FAST = ("u8s8", "u8s8_0", "u8u8", "u8u8_const")
 
 
-def weights() -> np.ndarray:
-    """The constant int8 weights: 127 in even columns, -128 in odd ones (both saturating directions)."""
-    w = np.full((K, N), 127, np.int8)
-    w[:, 1::2] = -128
+def weights(kind: str = "s8_min") -> np.ndarray:
+    """Constant weights of one kind: its two extremes in even and odd columns (both saturating directions)."""
+    dtype, even, odd = WEIGHT_COLUMNS[kind]
+    w = np.full((K, N), even, dtype)
+    w[:, 1::2] = odd
     return w
 
 
@@ -48,11 +55,10 @@ def feeds() -> dict[str, np.ndarray]:
 def expected() -> dict[str, np.ndarray]:
     """The exact int32 result of each form."""
     f = feeds()
-    w = weights().astype(np.int64)
     out = {}
     for name, (a, b) in FORMS.items():
-        rhs = w if b is None else f[b].astype(np.int64)
-        out[name] = (f[a].astype(np.int64) @ rhs).astype(np.int32)
+        rhs = f[b] if b in FEEDS else weights(b)
+        out[name] = (f[a].astype(np.int64) @ rhs.astype(np.int64)).astype(np.int32)
     return out
 
 
@@ -63,9 +69,10 @@ def model() -> onnx.ModelProto:
     outputs = [helper.make_tensor_value_info(k, TensorProto.INT32, [1, M, N]) for k in FORMS]
     # each constant form has weights of its own: onnxruntime 1.31's int8 -> uint8 weight conversion
     # (session.x64quantprecision) fails at session creation on an initializer shared by two GEMMs
-    nodes = [helper.make_node("MatMulInteger", [a, b or f"w_{name}"], [name], name=name)
+    nodes = [helper.make_node("MatMulInteger", [a, b if b in FEEDS else f"w_{name}"], [name], name=name)
              for name, (a, b) in FORMS.items()]
-    consts = [numpy_helper.from_array(weights(), f"w_{name}") for name, (_, b) in FORMS.items() if b is None]
+    consts = [numpy_helper.from_array(weights(b), f"w_{name}")
+              for name, (_, b) in FORMS.items() if b not in FEEDS]
     g = helper.make_graph(nodes, "ivit_gemm_probe", inputs, outputs, consts)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], producer_name="ivit-onnx")
     m.ir_version = 8
@@ -105,6 +112,35 @@ def header() -> str:
         lines.append(f'    {{"{k}", {str(k in FAST).lower()}, {{{values}}}}},')
     lines += ["};", "}  // namespace ivit_probe", ""]
     return "\n".join(lines)
+
+
+def inexact(precision: bool = True) -> dict[str, str]:
+    """Run the probe in a plain onnxruntime session (the library does it in C++; this is for sessions without
+    it: the functions backend), with ``session.x64quantprecision`` if ``precision``; form -> "gave X instead
+    of Y" for each inexact one. ``IVIT_GEMM_PROBE_FAULT`` counts forms as wrong as the library does (`wrap`,
+    `uint8`, `all`)."""
+    import os
+
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = 1
+    if precision:
+        opts.add_session_config_entry("session.x64quantprecision", "1")
+    sess = ort.InferenceSession(model().SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    got = dict(zip(FORMS, sess.run(list(FORMS), feeds()), strict=True))
+    fault = os.environ.get("IVIT_GEMM_PROBE_FAULT", "")
+    wrong = {}
+    for name, want in expected().items():
+        fast = name in FAST
+        faulty = fault == "all" or (fault == "uint8" and fast) or (fault == "wrap" and not fast)
+        bad = np.flatnonzero(got[name] != want)
+        if bad.size or faulty:
+            i = bad[0] if bad.size else 0
+            wrong[name] = f"gave {got[name].flat[i]} instead of {want.flat[i]}" + (
+                " (IVIT_GEMM_PROBE_FAULT)" if faulty else "")
+    return wrong
 
 
 HEADER = Path(__file__).resolve().parent / "native" / "gemm_probe.h"

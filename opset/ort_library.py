@@ -28,6 +28,8 @@ CONTRIB = "ai.onnx.contrib"
 #: registering when the model runs int8 x int8 GEMMs (the fallback); the outcome, read after registering
 INT8_GEMMS = "ivit.int8_gemms"
 CHECK = "ivit.gemm_check"
+#: set by :func:`register`: the session is ivit-onnx's own, so the library gives no plain-route hint
+SESSION = "ivit.session"
 _registered: set[str] = set()
 _hooked = False
 
@@ -144,6 +146,7 @@ def register(opts: ort.SessionOptions, model: onnx.ModelProto) -> onnx.ModelProt
     """
     path = native_library()
     if path is not None:
+        opts.add_session_config_entry(SESSION, "1")
         opts.register_custom_ops_library(path)
         return model
     from onnxruntime_extensions import get_library_path
@@ -161,9 +164,11 @@ def session(model: onnx.ModelProto, backend: str = "functions", threads: int | N
     if backend == "library":
         model = register(opts, model)
     elif backend == "functions":
+        from ivit_onnx.int8_gemms import exact_int8_gemms
         from ivit_onnx.runners import exact_weight_gemms
 
         exact_weight_gemms(opts)
+        model = exact_int8_gemms(model)
     else:
         raise ValueError(f"backend must be 'functions' or 'library', got {backend!r}")
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])

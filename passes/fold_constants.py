@@ -182,6 +182,7 @@ class FoldConstants(Pass):
         g = ctx.graph
         before = len(g.nodes)
         split = _shape_ranges_as_slices(g)
+        guards = _guard_casts(g)
         level = gs.logger.G_LOGGER.severity
         gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
         ort.set_default_logger_severity(3)  # the sessions it evaluates with warn about their own rewrites
@@ -198,6 +199,7 @@ class FoldConstants(Pass):
             gs.logger.G_LOGGER.severity = level
             ort.set_default_logger_severity(2)
         _rejoin(g, split)
+        _unguard(g, guards)
         for t in g.tensors().values():  # folded values: own arrays (0-d ones as arrays, not scalars)
             if isinstance(t, gs.Constant) and not isinstance(t.values, np.ndarray):
                 t.values = np.asarray(t.values.load())
@@ -258,6 +260,42 @@ def _shape_ranges_as_slices(g: gs.Graph) -> dict[str, dict]:
     if made:
         g.toposort()
     return made
+
+
+#: the ops onnx-graphsurgeon 0.6's "cast elision" rewrites (``fold_constants(fold_shapes=True)``)
+_ELIDED = ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Greater", "Less", "Concat")
+
+
+def _guard_casts(g: gs.Graph) -> set[str]:
+    """An Identity after every int → float Cast read by an op of :data:`_ELIDED`. onnx-graphsurgeon 0.6's cast
+    elision (for TensorRT's shape tensors) rewrites ``Cast(int→float) → Mul(0.75) → Cast(→int)`` as an integer
+    Mul by ``int(0.75) = 0``, anywhere in the graph: a wrong value (a token count times 0.75 became 0). It
+    only fires where the op's input comes straight from a Cast. Returns the Identities' names."""
+    made = set()
+    for node in [n for n in g.nodes if n.op == "Cast" and n.attrs.get("to") == onnx.TensorProto.FLOAT]:
+        out = node.outputs[0]
+        if not any(r.op in _ELIDED for r in out.outputs):
+            continue
+        kept = gs.Variable(f"{out.name}/cast_kept", dtype=out.dtype, shape=out.shape)
+        for reader in [r for r in out.outputs if r.op in _ELIDED]:
+            for i, x in enumerate(reader.inputs):
+                if x is out:
+                    reader.inputs[i] = kept
+        name = f"{node.name or out.name}/keep_cast"
+        g.nodes.append(gs.Node("Identity", name, {}, [out], [kept]))
+        made.add(name)
+    if made:
+        g.toposort()
+    return made
+
+
+def _unguard(g: gs.Graph, made: set[str]) -> None:
+    """Remove :func:`_guard_casts`' Identities that did not fold away."""
+    for node in [n for n in g.nodes if n.name in made and n.op == "Identity"]:
+        replace_uses(node.outputs[0], node.inputs[0])
+        node.outputs.clear()
+    if made:
+        g.cleanup()
 
 
 def _rejoin(g: gs.Graph, made: dict[str, dict]) -> None:

@@ -9,12 +9,17 @@
 //   2. otherwise, with session.x64quantprecision=1 added (onnxruntime then stores constant int8 weights as
 //      uint8 and takes its exact U8U8 kernels; it needs graph optimizations at ORT_ENABLE_EXTENDED or above),
 //      exact: the caller's options get that entry too;
-//   3. otherwise the fast forms cannot be trusted here: registration fails with one line naming the CPU, the
-//      form and the fallback, unless the caller set ivit.int8_gemms=1 (its model runs the int8 x int8 GEMMs
-//      as converted, which the probe then checks instead). ivit_onnx.InferenceSession does that by itself.
-// The outcome is left in the caller's options as the config entry ivit.gemm_check. For tests on any CPU,
+//   3. then it refuses only where a form the caller's model runs is inexact, in one line naming the CPU (on ARM
+//      its core, from the MIDR in /proc/cpuinfo), the forms and the exact alternative if there is one. Which
+//      forms run is the session config entry ivit.int8_gemms: "1" the model as converted (int8 x int8; the
+//      fallback where the uint8 forms are inexact), "0" a compiled artifact's uint8 forms (the way out where
+//      int8 x int8 wraps: ARM cores without a dot product), unset either (every form must be exact).
+//      ivit_onnx.InferenceSession sets it, and picks the exact forms by itself.
+// The outcome and what the probe found for each form are left in the caller's options as the config entry
+// ivit.gemm_check ("<outcome>; forms: u8s8 exact, ..."), refused or not. For tests on any CPU,
 // IVIT_GEMM_PROBE_FAULT makes forms count as wrong: `saturate` the uint8 x int8 form unless
-// session.x64quantprecision=1 (an AVX2 CPU), `uint8` every fast form, `all` every form.
+// session.x64quantprecision=1 (an AVX2 CPU), `wrap` the int8 x int8 forms (a Cortex-A72), `uint8` every fast
+// form, `all` every form.
 
 #include "gemm_check.h"
 
@@ -120,7 +125,7 @@ struct Probe {
       err = text(fn<ort::Status*(ort::Value*, void**)>(ort::GetTensorMutableData)(outputs[i], &raw));
       if (!err.empty()) break;
       const int32_t* y = static_cast<const int32_t*>(raw);
-      const bool faulty = fault == "all" || (fault == "uint8" && form.fast) ||
+      const bool faulty = fault == "all" || (fault == "uint8" && form.fast) || (fault == "wrap" && !form.fast) ||
                           (fault == "saturate" && !precise && std::strcmp(form.name, "u8s8") == 0);
       for (int k = 0; k < ivit_probe::M * ivit_probe::N; ++k) {
         const int32_t want = form.expect[k % ivit_probe::N];
@@ -143,18 +148,72 @@ struct Probe {
   }
 };
 
-bool is_fast(const std::string& wrong) {
-  for (const auto& f : ivit_probe::FORMS)
-    if (wrong.rfind(std::string(f.name) + " ", 0) == 0) return f.fast;
-  return false;
-}
-
-std::string join(const std::vector<std::string>& v, bool fast) {
-  std::string out;
-  for (const auto& w : v)
-    if (is_fast(w) == fast) out += (out.empty() ? "" : "; ") + w;
+// What the probe found for each form: "" (exact) or "gave X instead of Y".
+std::vector<std::string> findings(const std::vector<std::string>& wrong) {
+  std::vector<std::string> out;
+  for (const auto& f : ivit_probe::FORMS) {
+    std::string found;
+    for (const auto& w : wrong)
+      if (w.rfind(std::string(f.name) + " ", 0) == 0) found = w.substr(std::strlen(f.name) + 1);
+    out.push_back(found);
+  }
   return out;
 }
+
+// "; "-joined "form gave X instead of Y" for the inexact forms of one family (fast: the uint8 forms).
+std::string inexact(const std::vector<std::string>& found, bool fast) {
+  std::string out;
+  for (size_t i = 0; i < found.size(); ++i)
+    if (ivit_probe::FORMS[i].fast == fast && !found[i].empty())
+      out += (out.empty() ? "" : "; ") + std::string(ivit_probe::FORMS[i].name) + " " + found[i];
+  return out;
+}
+
+// The record of every form: "u8s8 exact, u8u8 exact, s8s8_const inexact (gave X instead of Y), ...".
+std::string record(const std::vector<std::string>& found) {
+  std::string out;
+  for (size_t i = 0; i < found.size(); ++i)
+    out += (i ? ", " : "") + std::string(ivit_probe::FORMS[i].name) +
+           (found[i].empty() ? " exact" : " inexact (" + found[i] + ")");
+  return out;
+}
+
+#if defined(__aarch64__)
+// ARM cores by MIDR implementer and part number (the same table as ivit_onnx/cpu.py's ARM_CORES).
+struct Core { unsigned implementer, part; const char* name; };
+constexpr Core ARM_CORES[] = {
+    {0x41, 0xd03, "Cortex-A53"}, {0x41, 0xd04, "Cortex-A35"}, {0x41, 0xd05, "Cortex-A55"},
+    {0x41, 0xd07, "Cortex-A57"}, {0x41, 0xd08, "Cortex-A72"}, {0x41, 0xd09, "Cortex-A73"},
+    {0x41, 0xd0a, "Cortex-A75"}, {0x41, 0xd0b, "Cortex-A76"}, {0x41, 0xd0c, "Neoverse-N1"},
+    {0x41, 0xd0d, "Cortex-A77"}, {0x41, 0xd40, "Neoverse-V1"}, {0x41, 0xd41, "Cortex-A78"},
+    {0x41, 0xd44, "Cortex-X1"}, {0x41, 0xd46, "Cortex-A510"}, {0x41, 0xd47, "Cortex-A710"},
+    {0x41, 0xd48, "Cortex-X2"}, {0x41, 0xd49, "Neoverse-N2"}, {0x41, 0xd4f, "Neoverse-V2"},
+    {0x41, 0xd80, "Cortex-A520"}, {0x41, 0xd81, "Cortex-A720"}, {0x41, 0xd82, "Cortex-X4"},
+    {0x41, 0xd84, "Neoverse-V3"}, {0x41, 0xd8e, "Neoverse-N3"}, {0x46, 0x001, "A64FX"},
+    {0x61, 0x022, "Apple M1"}, {0x61, 0x023, "Apple M1"}, {0x61, 0x032, "Apple M2"}, {0x61, 0x033, "Apple M2"},
+    {0xc0, 0xac3, "Ampere-1"},
+};
+
+std::string arm_core() {
+  FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (!f) return "an ARM64 CPU";
+  char line[512];
+  long implementer = -1, part = -1;
+  while (std::fgets(line, sizeof(line), f) && (implementer < 0 || part < 0)) {
+    const char* colon = std::strchr(line, ':');
+    if (!colon) continue;
+    if (std::strncmp(line, "CPU implementer", 15) == 0) implementer = std::strtol(colon + 1, nullptr, 0);
+    if (std::strncmp(line, "CPU part", 8) == 0) part = std::strtol(colon + 1, nullptr, 0);
+  }
+  std::fclose(f);
+  for (const Core& c : ARM_CORES)
+    if (static_cast<long>(c.implementer) == implementer && static_cast<long>(c.part) == part) return c.name;
+  if (implementer < 0 || part < 0) return "an ARM64 CPU";
+  char name[80];
+  std::snprintf(name, sizeof(name), "an ARM64 CPU (MIDR implementer 0x%02lx, part 0x%03lx)", implementer, part);
+  return name;
+}
+#endif
 
 }  // namespace
 
@@ -172,7 +231,7 @@ std::string cpu_name() {
   }
   return "an x86 CPU";
 #elif defined(__aarch64__)
-  return "an arm64 CPU";
+  return arm_core();
 #else
   return "this CPU";
 #endif
@@ -180,11 +239,14 @@ std::string cpu_name() {
 
 std::string check_gemms(const ort::Api* api, ort::SessionOptions* options) {
   const Probe p{api};
-  const bool int8_only = p.config(options, INT8_KEY) == "1";
+  // the forms the caller's model runs: "1" int8 x int8 (as converted), "0" the uint8 forms (a compiled
+  // artifact), unset: unknown (a converted model or an artifact), so every form must be exact
+  const std::string declared = p.config(options, INT8_KEY);
+  const bool runs_int8 = declared != "0", runs_uint8 = declared != "1";
   std::vector<std::string> wrong;
   std::string err = p.run(options, wrong);
   bool added = false;
-  if (err.empty() && !join(wrong, true).empty() && p.config(options, PRECISION_KEY) != "1") {
+  if (err.empty() && !inexact(findings(wrong), true).empty() && p.config(options, PRECISION_KEY) != "1") {
     std::vector<std::string> again;
     ort::SessionOptions* clone = nullptr;
     err = p.text(api->fn<ort::Status*(const ort::SessionOptions*, ort::SessionOptions**)>(ort::CloneSessionOptions)(
@@ -192,7 +254,7 @@ std::string check_gemms(const ort::Api* api, ort::SessionOptions* options) {
     if (err.empty()) err = p.set(clone, PRECISION_KEY, "1");
     if (err.empty()) err = p.run(clone, again);
     if (clone) api->fn<void(ort::SessionOptions*)>(ort::ReleaseSessionOptions)(clone);
-    if (err.empty() && join(again, true).empty()) {
+    if (err.empty() && inexact(findings(again), true).empty()) {
       err = p.set(options, PRECISION_KEY, "1");
       added = true;
     }
@@ -201,25 +263,41 @@ std::string check_gemms(const ort::Api* api, ort::SessionOptions* options) {
   if (!err.empty())
     return "ai.ivit custom-op library: the GEMM self-check could not run on " + cpu_name() + " (" + err +
            "), so onnxruntime's 8-bit GEMMs cannot be trusted with these session options";
-  const std::string fast = join(wrong, true), slow = join(wrong, false);
+  const std::vector<std::string> found = findings(wrong);
+  const std::string fast = inexact(found, true), slow = inexact(found, false);
+  const std::string forms = "; forms: " + record(found);
   std::string result;
-  if (!slow.empty())
-    return "ai.ivit custom-op library: onnxruntime's int8 x int8 GEMM is not exact on " + cpu_name() + " (" + slow +
-           "); no exact integer path is known here";
-  if (int8_only) {
-    result = fast.empty() ? "int8 GEMMs exact, uint8 forms exact too" : "int8 GEMMs exact, uint8 forms inexact: " + fast;
-  } else if (!fast.empty()) {
-    return "ai.ivit custom-op library: onnxruntime's uint8 GEMMs are not exact on " + cpu_name() +
-           " with these session options, even with session.x64quantprecision=1 (which needs graph optimizations at "
-           "ORT_ENABLE_EXTENDED or above): " + fast + ". Fallback: run the model as converted (int8 GEMMs, exact) with "
-           "the session config entry ivit.int8_gemms=1 set before registering the library; "
-           "ivit_onnx.InferenceSession does this by itself";
-  } else {
-    result = added ? "uint8 GEMMs exact with session.x64quantprecision=1, as uint8 x int8 saturates on " + cpu_name()
-                   : "uint8 GEMMs exact";
+  if (!runs_uint8)
+    result = !slow.empty() ? "int8 GEMMs inexact"
+             : fast.empty() ? "int8 GEMMs exact, uint8 forms exact too" : "int8 GEMMs exact, uint8 forms inexact";
+  else if (!fast.empty())
+    result = "uint8 GEMMs inexact";
+  else if (added)
+    result = "uint8 GEMMs exact with session.x64quantprecision=1, as uint8 x int8 saturates on " + cpu_name();
+  else
+    result = "uint8 GEMMs exact";
+  // left in the caller's options whatever the outcome, so a refusal's reader sees every form too
+  err = p.set(options, RESULT_KEY, (result + forms).c_str());
+  if (!err.empty()) return "ai.ivit custom-op library: " + err;
+  const std::string head = "ai.ivit custom-op library: onnxruntime's ";
+  if (runs_uint8 && !fast.empty()) {
+    const std::string why = head + "uint8 GEMMs are not exact on " + cpu_name() +
+                            " with these session options, even with session.x64quantprecision=1 (which needs graph "
+                            "optimizations at ORT_ENABLE_EXTENDED or above): " + fast + ". ";
+    if (!slow.empty()) return why + "The int8 x int8 GEMMs are not exact either (" + slow + "): no exact integer path "
+                                    "is known here";
+    return why + "Fallback: run the model as converted (int8 GEMMs, exact) with the session config entry "
+                 "ivit.int8_gemms=1 set before registering the library; ivit_onnx.InferenceSession does this by itself";
   }
-  err = p.set(options, RESULT_KEY, result.c_str());
-  return err.empty() ? "" : "ai.ivit custom-op library: " + err;
+  if (runs_int8 && !slow.empty()) {
+    const std::string why = head + "int8 x int8 GEMM is not exact on " + cpu_name() + " (" + slow + "). ";
+    if (!fast.empty()) return why + "The uint8 forms are not exact either (" + fast + "): no exact integer path is "
+                                    "known here";
+    return why + "Exact alternative: the uint8 GEMMs of a compiled artifact (ivit-onnx compile), with the session "
+                 "config entry ivit.int8_gemms=0 set before registering the library; ivit_onnx.InferenceSession does "
+                 "this by itself";
+  }
+  return "";
 }
 
 }  // namespace ivit

@@ -91,6 +91,7 @@ enum Slot : int {
   HasSessionConfigEntry = 237,        // Status*(const SessionOptions*, const char* key, int* out)   (version 14)
   GetSessionConfigEntry = 238,        // Status*(const SessionOptions*, const char* key, char* out, size_t* size)
   KernelInfo_GetNodeName = 244,       // Status*(const KernelInfo*, char* out, size_t* size) (version 15)
+  KernelInfo_GetLogger = 245,         // Status*(const KernelInfo*, const Logger** out)  (version 15; the session's)
   KernelContext_ParallelFor = 274,    // (version 17) Status*(const KernelContext*, void (*fn)(void*, size_t), size_t total,
                                       //         size_t num_batch, void* data)
   // used by the C example that runs a compiled artifact (examples/c/run_artifact.cpp); Allocator is OrtAllocator

@@ -12,9 +12,11 @@
 // run them concurrently. Dtypes outside the opset and attributes outside what the kernels compute are
 // refused when the session is created, with a message naming the node.
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -25,6 +27,7 @@
 #include "ort_abi.h"
 #include "parallel.h"
 #include "poly_exp.h"
+#include "ort_tensor.h"
 #include "qgemm.h"
 
 using ivit::i64;
@@ -95,15 +98,7 @@ const OpDef OPS[] = {
 };
 constexpr int N_OPS = sizeof(OPS) / sizeof(OPS[0]);
 
-int kernel_code(int elem) {  // onnx element type -> dtype code of kernels.h, -1 if not an opset int type
-  switch (elem) {
-    case ort::INT8: return 0;
-    case ort::UINT8: return 1;
-    case ort::INT16: return 2;
-    case ort::INT32: return 3;
-    default: return -1;
-  }
-}
+using ivit::kernel_code;
 
 const char* elem_name(int elem) {
   static const char* names[] = {"undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64"};
@@ -112,21 +107,7 @@ const char* elem_name(int elem) {
 
 using Shape = std::vector<i64>;
 
-struct Tensor {
-  int elem;
-  Shape shape;
-  const void* data;
-  i64 size;
-  i64 at(i64 i) const {  // element i as int64
-    switch (elem) {
-      case ort::INT8: return static_cast<const int8_t*>(data)[i];
-      case ort::UINT8: return static_cast<const uint8_t*>(data)[i];
-      case ort::INT16: return static_cast<const int16_t*>(data)[i];
-      case ort::INT32: return static_cast<const int32_t*>(data)[i];
-      default: return static_cast<const int64_t*>(data)[i];
-    }
-  }
-};
+using Tensor = ivit::OrtTensor;
 
 i64 numel(const Shape& s) {
   i64 n = 1;
@@ -228,10 +209,13 @@ bool shifts_ok(const std::vector<i64>& c) {
   return true;
 }
 
+struct SessionKernels;
+
 struct Kernel {
   const OpDef* def;
   std::string node;
   i64 attr[8];  // in the order of def->attrs
+  SessionKernels* session;  // this kernel's session, for the plain route's hint
 };
 
 // The calling thread's kernels run their chunks on onnxruntime's pool while this is alive.
@@ -531,28 +515,13 @@ void run_op(Call& c) {
 
 // ------------------------------------------------------------------------- the OrtCustomOp callbacks
 
-Tensor read_value(const ort::Value* v) {
-  ort::TensorInfo* info = nullptr;
-  check(api<ort::Status*(const ort::Value*, ort::TensorInfo**)>(ort::GetTensorTypeAndShape)(v, &info));
-  Tensor t{};
-  size_t rank = 0;
-  ort::ElemType elem{};
-  ort::Status* s = api<ort::Status*(const ort::TensorInfo*, ort::ElemType*)>(ort::GetTensorElementType)(info, &elem);
-  if (!s) s = api<ort::Status*(const ort::TensorInfo*, size_t*)>(ort::GetDimensionsCount)(info, &rank);
-  t.shape.resize(rank);
-  if (!s) s = api<ort::Status*(const ort::TensorInfo*, int64_t*, size_t)>(ort::GetDimensions)(info, t.shape.data(), rank);
-  api<void(ort::TensorInfo*)>(ort::ReleaseTensorTypeAndShapeInfo)(info);
-  check(s);
-  void* data = nullptr;
-  check(api<ort::Status*(ort::Value*, void**)>(ort::GetTensorMutableData)(const_cast<ort::Value*>(v), &data));
-  t.elem = elem;
-  t.data = data;
-  t.size = numel(t.shape);
-  return t;
-}
+Tensor read_value(const ort::Value* v) { return ivit::read_tensor(g_api, v, check); }
+
+void hint_once(SessionKernels* session);
 
 ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
   const Kernel& k = *static_cast<const Kernel*>(kernel);
+  hint_once(k.session);
   try {
     Call c{k, {}, {}};
     size_t n = 0;
@@ -637,6 +606,57 @@ void check_attrs(const Kernel& k) {
   }
 }
 
+// The plain route's hint (docs/library.md): a model as converted (int.onnx) runs in a plain session with the
+// library registered, exactly but ~3x slower than the engine's artifact, whose compile step writes the fused
+// ops. A session's kernels are counted (keyed by the session's logger, KernelInfo_GetLogger); at its first
+// kernel run, if a registration came from outside ivit-onnx's own sessions (no config entry ivit.session=1)
+// and the session has a softmax kernel but no fused op (every compiled attention model has them), the
+// library says once per process, on stderr, how to get the fast route.
+constexpr const char* SESSION_KEY = "ivit.session";
+std::atomic<bool> g_plain{false}, g_hinted{false};
+
+struct SessionKernels {
+  std::atomic<int> fused{0}, softmax{0};
+  std::atomic<bool> decided{false};
+};
+
+SessionKernels* session_of(const ort::KernelInfo* info) {
+  const void* logger = nullptr;  // the session's logger; null (one shared entry) where it cannot be had
+  ort::Status* s = api<ort::Status*(const ort::KernelInfo*, const void**)>(ort::KernelInfo_GetLogger)(info, &logger);
+  if (s) api<void(ort::Status*)>(ort::ReleaseStatus)(s), logger = nullptr;
+  static std::mutex lock;
+  static std::map<const void*, SessionKernels*> sessions;  // a few bytes per session, kept for the process
+  std::lock_guard<std::mutex> guard(lock);
+  SessionKernels*& entry = sessions[logger];
+  if (!entry) entry = new SessionKernels();
+  return entry;
+}
+
+void count_kernel(SessionKernels* session, const OpDef& def) {
+  if (std::strcmp(def.domain, FUSED) == 0) session->fused.fetch_add(1);
+  if (def.op == SHIFTMAX || def.op == IBERT_SOFTMAX || def.op == LOG_INT_SOFTMAX) session->softmax.fetch_add(1);
+}
+
+void hint_once(SessionKernels* session) {
+  if (session->decided.load(std::memory_order_relaxed) || session->decided.exchange(true)) return;
+  if (g_plain.load() && session->softmax.load() > 0 && session->fused.load() == 0 && !g_hinted.exchange(true))
+    std::fprintf(stderr,
+                 "ai.ivit custom-op library: hint: this model runs as converted (int8 GEMMs, unfused ops), about 3x "
+                 "slower than the onnxruntime engine's artifact with the same bits: run `ivit-onnx compile int.onnx "
+                 "-o int.ort.onnx` and load int.ort.onnx, or use ivit_onnx.InferenceSession\n");
+}
+
+bool plain_registration(const ort::Api* table, const ort::SessionOptions* options) {
+  int has = 0;
+  ort::Status* s = table->fn<ort::Status*(const ort::SessionOptions*, const char*, int*)>(ort::HasSessionConfigEntry)(
+      options, SESSION_KEY, &has);
+  if (s) {
+    table->fn<void(ort::Status*)>(ort::ReleaseStatus)(s);
+    return true;
+  }
+  return !has;
+}
+
 // An OrtCustomOp and the op it registers (the callbacks get the OrtCustomOp pointer back).
 struct IvitOp {
   ort::CustomOp base;
@@ -647,7 +667,7 @@ const OpDef& def_of(const ort::CustomOp* op) { return *reinterpret_cast<const Iv
 
 ort::Status* create_kernel(const ort::CustomOp* op, const ort::Api*, const ort::KernelInfo* info, void** out) {
   const OpDef& def = def_of(op);
-  Kernel k{&def, node_name(info), {}};
+  Kernel k{&def, node_name(info), {}, nullptr};
   try {
     size_t n = 0;
     check(api<ort::Status*(const ort::KernelInfo*, size_t*)>(ort::KernelInfo_GetInputCount)(info, &n));
@@ -670,6 +690,8 @@ ort::Status* create_kernel(const ort::CustomOp* op, const ort::Api*, const ort::
       }
     }
     check_attrs(k);
+    k.session = session_of(info);
+    count_kernel(k.session, def);
     *out = new Kernel(k);
     return nullptr;
   } catch (const std::exception& e) {
@@ -747,6 +769,7 @@ __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::Sessi
   static std::mutex lock;
   std::lock_guard<std::mutex> guard(lock);
   g_api = table;
+  if (plain_registration(table, options)) g_plain.store(true);
   // An exact 8-bit GEMM path for this CPU with these options, proven by a probe session (gemm_check.cpp).
   const std::string refused = ivit::check_gemms(table, options);
   if (!refused.empty()) return table->fn<ort::Status*(ort::ErrorCode, const char*)>(ort::CreateStatus)(ort::FAIL,

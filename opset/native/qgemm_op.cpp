@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ort_abi.h"
+#include "ort_tensor.h"
 #include "parallel.h"
 #include "qgemm.h"
 
@@ -40,51 +41,11 @@ ort::Status* status(const std::string& msg) {
   return api<ort::Status*(ort::ErrorCode, const char*)>(ort::CreateStatus)(ort::INVALID_ARGUMENT, msg.c_str());
 }
 
-struct Tensor {
-  int elem = 0;
-  std::vector<i64> shape;
-  const void* data = nullptr;
-  i64 size = 1;
-  i64 at(i64 i) const {
-    switch (elem) {
-      case ort::INT8: return static_cast<const int8_t*>(data)[i];
-      case ort::UINT8: return static_cast<const uint8_t*>(data)[i];
-      case ort::INT16: return static_cast<const int16_t*>(data)[i];
-      case ort::INT32: return static_cast<const int32_t*>(data)[i];
-      default: return static_cast<const int64_t*>(data)[i];
-    }
-  }
-};
+using Tensor = ivit::OrtTensor;
 
-Tensor read(const ort::Value* v) {
-  ort::TensorInfo* info = nullptr;
-  check(api<ort::Status*(const ort::Value*, ort::TensorInfo**)>(ort::GetTensorTypeAndShape)(v, &info));
-  Tensor t;
-  size_t rank = 0;
-  ort::ElemType elem{};
-  ort::Status* s = api<ort::Status*(const ort::TensorInfo*, ort::ElemType*)>(ort::GetTensorElementType)(info, &elem);
-  if (!s) s = api<ort::Status*(const ort::TensorInfo*, size_t*)>(ort::GetDimensionsCount)(info, &rank);
-  t.shape.resize(rank);
-  if (!s) s = api<ort::Status*(const ort::TensorInfo*, int64_t*, size_t)>(ort::GetDimensions)(info, t.shape.data(), rank);
-  api<void(ort::TensorInfo*)>(ort::ReleaseTensorTypeAndShapeInfo)(info);
-  check(s);
-  void* data = nullptr;
-  check(api<ort::Status*(ort::Value*, void**)>(ort::GetTensorMutableData)(const_cast<ort::Value*>(v), &data));
-  t.elem = elem;
-  t.data = data;
-  for (i64 d : t.shape) t.size *= d;
-  return t;
-}
+Tensor read(const ort::Value* v) { return ivit::read_tensor(g_api, v, check); }
 
-int code(int elem) {  // dtype code of kernels.h
-  switch (elem) {
-    case ort::INT8: return 0;
-    case ort::UINT8: return 1;
-    case ort::INT16: return 2;
-    case ort::INT32: return 3;
-    default: return -1;
-  }
-}
+int code(int elem) { return ivit::kernel_code(elem); }
 
 struct Kernel {
   void* gemm;

@@ -7,6 +7,7 @@ from . import (
     batchnorm,
     chain,
     compare,
+    conv_transpose,
     elementwise,
     l2norm,
     layout,
@@ -35,6 +36,7 @@ LOWERING = (
     linear.MatMul(),
     linear.Gemm(),
     linear.Conv(),
+    conv_transpose.ConvTranspose(),  # #28 (dense-prediction heads)
     elementwise.Add(),
     product.Product(),  # #27: positive constants fold (ScaleByConst), any other product is exact int32
     nonlinear.Softmax(),

@@ -5,13 +5,17 @@
   ``out / in == scale`` exactly, else it declines).
 - modes ``linear`` / ``cubic`` are separable: along each resized axis the output is ``A @ x`` with an
   interpolation matrix ``A`` fixed by the static shapes and the attributes. ``A`` is read off the op itself
-  (onnxruntime resizing the identity), and where its weights are dyadic (``A * 2**p`` integers, as for
-  scale 2 with ``half_pixel``), ``(A * 2**p) @ (q - zp)`` is an exact int32 MatMul typed ``s / 2**p``: one
-  rounding at the next QuantizeLinear, within one output step of the fake-quant graph (which rounds its
-  float sums). Other weights (scale 3: thirds) have no exact integer form and decline.
+  (onnxruntime resizing the identity), and where its weights share a denominator ``D <= 4096`` (``A * D``
+  integers: scale 2 with ``half_pixel`` has quarters, scale 3 thirds, ``align_corners`` multiples of
+  ``1/(out-1)``), ``(A * D) @ (q - zp)`` is an exact int32 MatMul typed ``s / D``: one rounding at the next
+  QuantizeLinear, within one output step of the fake-quant graph (which rounds its float sums). Weights with
+  no such denominator (a scale such as 1.2345) have no exact integer form and decline.
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 import onnx
@@ -27,7 +31,9 @@ from .select import on_integers
 
 _INT32_MAX = 2**31 - 1
 #: the finest weight grid accepted (1/4096): interpolation weights of common scales are coarser
-_MAX_BITS = 12
+_MAX_DENOMINATOR = 4096
+#: how far (in units of ``1/D``) a weight as onnxruntime computes it in float32 may sit from ``k/D``
+_TOLERANCE = 1e-3
 
 
 def _attr(node, key: str, default: str) -> str:
@@ -37,21 +43,21 @@ def _attr(node, key: str, default: str) -> str:
 
 def _scales(node) -> np.ndarray | None:
     """The full-rank float scales of a Resize (from ``scales``, or ``sizes / in``), None if not static (an
-    axis whose input and output are the same symbol, a batch, is not resized: scale 1)."""
+    axis whose input and output are the same symbol, or whose given scale is 1, is not resized: a batch, also
+    where shape inference named the output's batch anew, as ``floor(1.0*batch)``)."""
     shape_in, shape_out = node.inputs[0].shape, node.outputs[0].shape
     if shape_in is None or shape_out is None or len(shape_in) != len(shape_out):
         return None
-    full = np.ones(len(shape_in), np.float64)
+    full, given = np.ones(len(shape_in), np.float64), np.full(len(shape_in), np.nan)
+    scales = const_array(optional_input(node, 2))
+    if scales is not None and scales.size:
+        given[list(node.attrs.get("axes") or range(len(shape_in)))] = scales.astype(np.float64)
     for d, (a, b) in enumerate(zip(shape_in, shape_out, strict=True)):
         if isinstance(a, int) and isinstance(b, int):
             full[d] = b / a
-        elif not (isinstance(a, str) and a == b):
+        elif not ((isinstance(a, str) and a == b) or given[d] == 1):
             return None
-    given = const_array(optional_input(node, 2))
-    if given is not None and given.size:
-        axes = node.attrs.get("axes") or list(range(len(shape_in)))
-        full[list(axes)] = given.astype(np.float64)
-    return full
+    return np.where(np.isnan(given), full, given)
 
 
 def _sizes(node) -> np.ndarray | str:
@@ -105,13 +111,16 @@ def _matrix(lw: Lowerer, node, d: int) -> np.ndarray:
     return np.moveaxis(y.reshape(n, -1), 0, 1).astype(np.float64)
 
 
-def _dyadic(a: np.ndarray) -> int | None:
-    """The least ``p <= 12`` with ``a * 2**p`` all integers, None if there is none."""
-    return next((p for p in range(_MAX_BITS + 1) if np.array_equal(a * 2**p, np.rint(a * 2**p))), None)
+def _denominator(a: np.ndarray) -> int | None:
+    """The least ``D <= 4096`` with ``a * D`` all integers (to the float32 rounding of weights such as
+    ``7/15``), None if there is none."""
+    d = math.lcm(*(Fraction(float(v)).limit_denominator(_MAX_DENOMINATOR).denominator for v in np.unique(a)))
+    ok = d <= _MAX_DENOMINATOR and np.max(np.abs(a * d - np.rint(a * d)), initial=0) <= _TOLERANCE
+    return d if ok else None
 
 
 def _plan(lw: Lowerer, node) -> list[tuple[int, np.ndarray, int]] | str:
-    """``[(axis, integer matrix, p)]`` of an interpolating Resize, or why it has no exact integer form."""
+    """``[(axis, integer matrix, D)]`` of an interpolating Resize, or why it has no exact integer form."""
     if _attr(node, "coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
         return "coordinate mode tf_crop_and_resize extrapolates a constant"
     if _attr(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
@@ -119,29 +128,28 @@ def _plan(lw: Lowerer, node) -> list[tuple[int, np.ndarray, int]] | str:
     full = _scales(node)
     if full is None:
         return "shapes unknown (not static)"
-    shape_in, shape_out = node.inputs[0].shape, node.outputs[0].shape
-    rank = len(shape_in)
-    resized = [d for d in range(rank) if full[d] != 1 or shape_in[d] != shape_out[d]]
+    rank = len(node.inputs[0].shape)
+    resized = [d for d in range(rank) if full[d] != 1]  # static sizes give their ratio, symbols scale 1
     if rank < 3 or any(d < rank - 2 for d in resized):
         return "it resizes an axis other than the last two of a rank >= 3 tensor"
     plan = []
     for d in resized:
         a = _matrix(lw, node, d)
-        p = _dyadic(a)
-        if p is None:
-            why = f"are not multiples of 2**-{_MAX_BITS} (scale {full[d]:g}): no exact integer form"
-            return f"interpolation weights along axis {d} {why}"
-        plan.append((d, np.rint(a * 2**p).astype(np.int64), p))
+        den = _denominator(a)
+        if den is None:
+            why = f"no common denominator <= {_MAX_DENOMINATOR} (scale {full[d]:g}): no exact integer form"
+            return f"interpolation weights along axis {d} have {why}"
+        plan.append((d, np.rint(a * den).astype(np.int64), den))
     return plan
 
 
 def _growth(plan) -> int:
-    """How much the integer matrices can grow a bound (the largest row sum of |A * 2**p|, multiplied)."""
+    """How much the integer matrices can grow a bound (the largest row sum of |A * D|, multiplied)."""
     return int(np.prod([np.max(np.sum(np.abs(m), axis=1)) for _, m, _ in plan]))
 
 
 class Resize(Rule):
-    """Resize: ``nearest`` on the integers; ``linear``/``cubic`` with dyadic weights as int32 MatMuls."""
+    """Resize: ``nearest`` on the integers; ``linear``/``cubic`` with rational weights as int32 MatMuls."""
 
     pattern = Op("Resize")
 
@@ -180,7 +188,7 @@ class Resize(Rule):
             w = lw.const(np.ascontiguousarray(mat.T if d == rank - 1 else mat).astype(np.int32), "interp")
             it = lw.node("MatMul", [it, w] if d == rank - 1 else [w, it], np.int32, "interp")
         it.shape = node.outputs[0].shape
-        bits = sum(p for _, _, p in plan)
-        lw.set(node.outputs[0], it, Affine(a.scale / 2**bits, 0, np.int32, bound=a.bound * _growth(plan)))
+        den = math.prod(den for _, _, den in plan)
+        lw.set(node.outputs[0], it, Affine(a.scale / den, 0, np.int32, bound=a.bound * _growth(plan)))
         lw.ctx.count("lower_integer", f"Resize ({mode}) as int32 MatMuls")
         return Outcome.HANDLED

@@ -91,3 +91,48 @@ def distilled_copy(model):
     state["head_dist.bias"] = state["head.bias"].clone()
     twin.load_state_dict(state)
     return twin.eval()
+
+
+def _own_fq(tmp_path_factory, model, digits, name, export=None, **quant):
+    from ivit_onnx.models.export import export_onnx
+    from ivit_onnx.models.quant import quantize
+
+    x_train = digits[0]
+    calib = [torch.from_numpy(x_train[i : i + 256]) for i in range(0, len(x_train), 256)]
+    fq = quantize(model, calib, **quant)
+    path = tmp_path_factory.mktemp("fq") / f"{name}.onnx"
+    export_onnx(fq, torch.from_numpy(digits[2][:2]), path, **(export or {}))
+    return path
+
+
+OWN = {
+    "torchscript": dict(exporter="torchscript"),
+    "dynamo": dict(exporter="dynamo"),
+    "residual16": dict(exporter="torchscript", residual_bits=16),
+    "uint8_split_qkv": dict(exporter="torchscript", act_dtype="uint8", qkv="split"),
+    "opset14_decomposed_layernorm": dict(exporter="torchscript", opset=14),
+}
+
+
+def _tanh_twin(model):
+    """The same weights with tanh-form GELU (exporters then emit the tanh pattern)."""
+    from ivit_onnx.models.bundled import load_default_info
+    from ivit_onnx.models.vit import vit
+
+    cfg = {k: v for k, v in load_default_info()["model"].items() if k != "factory"}
+    twin = vit(**cfg, gelu="tanh")
+    twin.load_state_dict(model.state_dict())
+    return twin.eval()
+
+
+@pytest.fixture(scope="session", params=sorted(OWN) + ["distilled", "tanh_gelu"])
+def own_fq(request, tmp_path_factory, digits_torch, digits):
+    """(name, path) of a fake-quant export of the trained digits ViT: each exporter and quantizer form."""
+    name = request.param
+    if name == "distilled":
+        return name, _own_fq(tmp_path_factory, distilled_copy(digits_torch), digits, name)
+    if name == "tanh_gelu":
+        return name, _own_fq(tmp_path_factory, _tanh_twin(digits_torch), digits, name)
+    opts = dict(OWN[name])
+    export = {k: opts.pop(k) for k in ("exporter", "opset") if k in opts}
+    return name, _own_fq(tmp_path_factory, digits_torch, digits, name, export, **opts)

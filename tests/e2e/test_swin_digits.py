@@ -1,5 +1,7 @@
-"""A Swin trained on scikit-learn's digits (~25 s, one thread, fixed seeds): its integer graph keeps the
-fake-quant accuracy within 0.5 point with >= 99% top-1 agreement on the 450 held-out images."""
+"""A Swin trained on scikit-learn's digits (~25 s, one thread, fixed seeds): its integer graph follows the
+fake-quant model on the 450 held-out images by the house bounds, which hold on every CPU although the weights
+trained differ with the CPU (``models/hf_matrix.py``: cosine and top-1 agreement on the inputs with a margin,
+an accuracy loss within chance; docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from ivit_onnx.runners import make_runner
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
+from ivit_onnx.models import hf_matrix as hm  # noqa: E402
 from ivit_onnx.models.digits_swin import train_digits_swin  # noqa: E402
 from ivit_onnx.models.export import export_onnx  # noqa: E402
 from ivit_onnx.models.quant import quantize  # noqa: E402
@@ -35,8 +38,7 @@ def test_digits_swin_integer_accuracy(digits, tmp_path):
     fq = _logits("onnxruntime", onnx.load(fq_path), x_test)
     got = _logits("library", int_model, x_test)
     np.testing.assert_array_equal(_logits("functions", int_model, x_test[:16]), got[:16])
-    fq_acc, int_acc = (float(np.mean(z.argmax(1) == y_test)) * 100 for z in (fq, got))
-    agree = float(np.mean(fq.argmax(1) == got.argmax(1))) * 100
-    print(f"SWIN_DIGITS fake-quant {fq_acc:.2f}% integer {int_acc:.2f}% agreement {agree:.2f}%")
-    assert fq_acc >= 85, fq_acc  # it learned
-    assert abs(int_acc - fq_acc) <= 0.5 and agree >= 99, (fq_acc, int_acc, agree)
+    result = hm.compare(fq, got, y_test)
+    print(f"SWIN_DIGITS {result}")
+    assert result["fq_accuracy"] >= hm.LEARNED * 100, result  # it learned (chance is 10 %)
+    assert hm.failed_bounds(result) == [], result

@@ -3,6 +3,9 @@ only the library registered, and ``ivit_onnx.InferenceSession``, give the functi
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -99,3 +102,35 @@ def test_converted_model_with_shared_weights_loads_where_the_self_check_turns_on
     sess = ort.InferenceSession(out.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).standard_normal((2, 4, 16)).astype(np.float32) * 3
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], run(out, {"x": x})[0])
+
+
+_PLAIN_RUN = """
+import sys, numpy as np, onnxruntime as ort
+from ivit_onnx.opset import ort_library
+opts = ort.SessionOptions()
+opts.register_custom_ops_library(ort_library.native_library())
+sess = ort.InferenceSession(sys.argv[1], opts, providers=["CPUExecutionProvider"])
+for _ in range(2):
+    sess.run(None, {"input": np.zeros((2, 3, 32, 32), np.float32)})
+"""
+
+
+def _stderr_of_plain_runs(*paths) -> list[str]:
+    runs = [subprocess.run([sys.executable, "-c", _PLAIN_RUN, str(p)], capture_output=True, text=True)
+            for p in paths]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    return [r.stderr.strip() for r in runs]
+
+
+def test_plain_session_on_int_onnx_hints_once_at_the_compiled_artifact(tiny, artifact):
+    """int.onnx as converted runs in a plain session (exact, ~3x slower): the library says once, on stderr,
+    how to get the artifact; the artifact itself, and ivit-onnx's own sessions, run silently."""
+    converted, compiled = _stderr_of_plain_runs(tiny.int, artifact[0])
+    assert len(converted.splitlines()) == 1, converted
+    assert "hint" in converted and "ivit-onnx compile" in converted and "InferenceSession" in converted
+    assert compiled == ""
+    ours = subprocess.run([sys.executable, "-c", "import sys, numpy as np, ivit_onnx; "
+                           "ivit_onnx.InferenceSession(sys.argv[1]).run(None, "
+                           "{'input': np.zeros((2, 3, 32, 32), np.float32)})", str(tiny.int)],
+                          capture_output=True, text=True)
+    assert ours.returncode == 0 and ours.stderr.strip() == "", ours.stderr

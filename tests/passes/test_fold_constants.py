@@ -190,3 +190,20 @@ def test_expanded_constant_moves_past_cast_and_its_quantize():
     assert report.counts["fold_constants"].get("Expand moved after its constant operands", 0) >= 2
     feeds = {"x": np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)}
     assert np.max(np.abs(run(out, feeds)[0] - run(fq, feeds)[0])) <= 0.05 + 1e-6
+
+
+@pytest.mark.parametrize("shapes", [None, {"x": [2, 8, 16]}])
+def test_float_arithmetic_on_shapes_keeps_its_fractions(shapes):
+    """``int(8 * 0.75)`` is 6: onnx-graphsurgeon's cast elision (for TensorRT) would compute ``8 * int(0.75)``
+    = 0 for ``Cast(int→float) → Mul(0.75) → Cast(→int)``; the guard keeps the float Mul, folded or not."""
+    g = G()
+    xq = g.qdq(g.input("x", ["N", 8, 16]), 0.05, 0)
+    n = g.node("Gather", [g.node("Shape", [xq]), g.const(1, np.int64)])
+    k = g.node("Mul", [g.node("Cast", [n], to=TensorProto.FLOAT), g.const(np.float32(0.75))])
+    end = g.node("Unsqueeze", [g.node("Cast", [k], to=TensorProto.INT64), g.const([0], np.int64)])
+    g.output(g.qdq(g.node("Slice", [xq, g.const([0], np.int64), end, g.const([1], np.int64)]), 0.05, 0))
+    x = RNG.standard_normal((2, 8, 16)).astype(np.float32)
+    out, _ = lowered(g.model(), {"x": x}, 1e-6, input_shapes=shapes)
+    from tests.graphs import run
+
+    assert run(out, {"x": x})[0].shape == (2, 6, 16)

@@ -72,7 +72,8 @@ def _strict(fq_path):
 
 def test_brevitas_qcdq_and_qonnx(tmp_path, digits, digits_torch):
     pytest.importorskip("brevitas", reason="brevitas is not installed (pip install -e '.[toolkits]')")
-    pytest.importorskip("onnxoptimizer", reason="Brevitas' ONNX export needs onnxoptimizer ('.[toolkits]')")
+    pytest.importorskip("onnxoptimizer", reason="Brevitas' ONNX export needs onnxoptimizer ('.[toolkits]'; "
+                        "skipped on Linux aarch64, which has no wheel of it)")
     from ivit_onnx.models.toolkit_torch import brevitas_export, brevitas_layerwise
 
     qmodel = brevitas_layerwise(digits_torch, [torch.from_numpy(b) for b in _calib(digits)])

@@ -132,3 +132,23 @@ def test_ablation_softmax_outputs_are_re_encoded_exactly():
         want = OrtRunner(model, "functions", 1).run(feeds)
         got = OrtRunner(done.model, "library", 1).run(feeds)
         assert all(np.array_equal(want[k], got[k]) for k in want)
+
+
+def test_weights_holding_minus_128_become_uint8_and_outputs_stay():
+    """uint8 x int8 meets -128 x -128 again on ARM cores without a dot product: such weights go uint8."""
+    model = _chain("Requantize")
+    w = next(t for t in model.graph.initializer if t.name == "w")
+    w.CopyFrom(numpy_helper.from_array(np.array([[-128, 5, -128], [-128, -128, 7], [0, 1, 2], [-128, 3, 4]],
+                                                np.int8), "w"))
+    done = recode(model)
+    gemm = next(n for n in done.model.graph.node if n.op_type == "MatMulInteger")
+    inits = {t.name: numpy_helper.to_array(t) for t in done.model.graph.initializer}
+    assert inits[gemm.input[1]].dtype == np.uint8 and int(inits[gemm.input[3]]) == 128
+    assert np.array_equal(inits[gemm.input[1]].astype(np.int16) - 128, numpy_helper.to_array(w))
+    x = {"x": np.array([[-128, -128, -128, -128], [5, -7, 100, -100]], np.int8)}
+    want = OrtRunner(model, "functions", 1, u8_gemm=False).run(x)
+    got = OrtRunner(model, "library", 1).run(x)
+    assert all(np.array_equal(want[k], got[k]) for k in want)
+    plain = _chain("Requantize")  # weights in [-127, 127] stay int8
+    gemm = next(n for n in recode(plain).model.graph.node if n.op_type == "MatMulInteger")
+    assert gemm.input[1] == "w"

@@ -3,8 +3,10 @@ exact path from Python. It keeps onnxruntime's interface (``run(output_names, fe
 ...), so it drops into code written for onnxruntime.
 
 Given ``int.onnx`` as converted, it compiles it in memory first (:func:`.compile.compile_model`). Where the
-library's GEMM self-check refuses the uint8 forms on this CPU, it warns once and compiles the int8 fallback
-instead (exact, slower); a saved artifact has no such way back, and the refusal is the error.
+library's GEMM self-check refuses the forms compiled on this CPU and names exact ones (the int8 fallback where
+the uint8 forms are inexact; the uint8 forms where int8 x int8 wraps, on ARM cores without a dot product), it
+warns once and compiles those instead; a saved artifact has no such way back, and the refusal's one line is
+the error (a ``ConversionError``).
 """
 
 from __future__ import annotations
@@ -37,13 +39,24 @@ def register(opts: ort.SessionOptions, model: onnx.ModelProto, threads: int | No
     """Register the library for ``model``'s GEMM forms; returns the model to load (the onnxruntime-extensions
     fallback renames its ops). Raises onnxruntime's error where the self-check refuses."""
     native_kernels.set_threads(threads)  # the extensions fallback's kernels (the library: onnxruntime's pool)
-    if gemm_forms(model) == "int8":
-        opts.add_session_config_entry(ort_library.INT8_GEMMS, "1")
+    # the forms this model runs, so that the self-check judges those (gemm_check.cpp)
+    opts.add_session_config_entry(ort_library.INT8_GEMMS, "1" if gemm_forms(model) == "int8" else "0")
     return ort_library.register(opts, model)
 
 
-def _refused(error: Exception) -> bool:
-    return ort_library.INT8_GEMMS in str(error)
+def _refusal(error: Exception) -> str | None:
+    """The self-check's line in onnxruntime's error (None where registration failed for another reason)."""
+    text = str(error)
+    at = text.find("ai.ivit custom-op library:")
+    return text[at:].splitlines()[0] if at >= 0 else None
+
+
+def _alternative(line: str) -> str | None:
+    """The exact GEMM forms a refusal names ("int8" or "uint8"), None where it names none."""
+    for forms, value in (("int8", "1"), ("uint8", "0")):
+        if f"{ort_library.INT8_GEMMS}={value}" in line:
+            return forms
+    return None
 
 
 class InferenceSession:
@@ -67,14 +80,27 @@ class InferenceSession:
         try:
             self._session = self._open()
         except Exception as e:  # onnxruntime's Fail carrying the self-check's line
-            if not (_refused(e) and self.source is not None and self.compiled.uint8_gemms):
+            line = _refusal(e)
+            if line is None:
                 raise
-            from ivit_onnx import cpu
+            self._session = self._fall_back(line, rewrites)
 
-            print(f"ivit-onnx: warning: onnxruntime's uint8 GEMMs are not exact on {cpu.describe()}; running "
-                  "the int8 GEMMs as converted (exact, slower)", file=sys.stderr)
-            self.compiled = self._compile(**{**rewrites, "u8_gemm": False})
-            self._session = self._open()
+    def _fall_back(self, line: str, rewrites: dict) -> ort.InferenceSession:
+        """Where the self-check refused the GEMM forms compiled and names exact ones, compile those with one
+        warning; otherwise its line is the error (a saved artifact has no way back)."""
+        from ivit_onnx import cpu
+        from ivit_onnx.errors import ConversionError
+
+        want = _alternative(line)
+        if self.source is None or want is None or (want == "uint8") == self.compiled.uint8_gemms:
+            raise ConversionError(line) from None
+        now = "uint8 GEMMs are" if self.compiled.uint8_gemms else "int8 x int8 GEMMs are"
+        then = ("the int8 GEMMs as converted (exact, slower)" if want == "int8" else
+                "the uint8 GEMMs (exact)")
+        print(f"ivit-onnx: warning: onnxruntime's {now} not exact on {cpu.describe()}; running {then}",
+              file=sys.stderr)
+        self.compiled = self._compile(**{**rewrites, "u8_gemm": want == "uint8"})
+        return self._open()
 
     def _compile(self, **rewrites) -> Compiled:
         return compile_model(self.source, keep=self.keep, **rewrites)

@@ -9,12 +9,14 @@ int32 accumulators, and everything after them, are bit-identical. A producer is 
 path from it (through layout ops) ends in an input with a zero point (MatMulInteger, Requantize, IAdd) or a
 Shape, and at least one in a MatMulInteger.
 
-The GEMMs this leaves are the two forms the library's self-check proves exact on the CPU at hand
-(``opset/gemm_probe.py``): uint8 x constant int8 weights, and uint8 x uint8 where both operands are
-activations. Attention's K and V become uint8 too: onnxruntime's uint8 x int8 kernel saturates on x86 CPUs
-without VNNI, and only constant weights can be moved to its exact uint8 x uint8 kernel there (by
-``session.x64quantprecision``). ConvInteger keeps its int8 operands, which that conversion does not cover;
-the patch embedding reaches this as a MatMulInteger (:mod:`.patch_gemm` runs first).
+The GEMMs this leaves are the forms the library's self-check proves exact on the CPU at hand
+(``opset/gemm_probe.py``): uint8 x constant int8 weights in [-127, 127], uint8 x constant uint8 weights (those
+holding -128, moved by 128: on ARM cores without a dot product the uint8 x int8 kernel meets -128 x -128
+again), and uint8 x uint8 where both operands are activations. Attention's K and V become uint8 too:
+onnxruntime's uint8 x int8 kernel saturates on x86 CPUs without VNNI, and only constant weights can be moved
+to its exact uint8 x uint8 kernel there (by ``session.x64quantprecision``). ConvInteger keeps its int8
+operands, which that conversion does not cover; the patch embedding reaches this as a MatMulInteger
+(:mod:`.patch_gemm` runs first).
 :func:`decode` maps a re-encoded tensor back.
 """
 
@@ -120,6 +122,25 @@ def _uint8_copy(g: onnx.GraphProto, gemm: onnx.NodeProto, side: int, const, int8
     g.node.insert(list(g.node).index(gemm), copy)
 
 
+def _uint8_weights(g: onnx.GraphProto, gemm: onnx.NodeProto, inits: dict) -> None:
+    """Constant int8 weights holding -128 become ``w + 128`` in uint8, their zero point moved by 128 too:
+    onnxruntime's uint8 x int8 kernel on ARM cores without a dot product moves A back to int8 and adds product
+    pairs in int16, where -128 x -128 wraps (``opset/gemm_probe.py``'s ``u8s8_0``); uint8 x uint8 is exact."""
+    w = inits.get(gemm.input[1])
+    if w is None or w.data_type != onnx.TensorProto.INT8 or not (numpy_helper.to_array(w) == -128).any():
+        return
+    name = f"{gemm.output[0]}_b_uint8"
+    shifted = (numpy_helper.to_array(w).astype(np.int16) + 128).astype(np.uint8)
+    g.initializer.append(numpy_helper.from_array(shifted, name))
+    gemm.input[1] = name
+    zp = inits.get(gemm.input[3]) if len(gemm.input) > 3 and gemm.input[3] else None
+    old = numpy_helper.to_array(zp).astype(np.int16) if zp is not None else np.array(0, np.int16)
+    while len(gemm.input) <= 3:
+        gemm.input.append("")
+    g.initializer.append(numpy_helper.from_array((old + 128).astype(np.uint8), f"{name}_zero"))
+    gemm.input[3] = f"{name}_zero"
+
+
 def _pair_activation_operands(model: onnx.ModelProto, found: dict, inits: dict) -> list[tuple]:
     """Make every GEMM of two activations uint8 x uint8 or int8 x int8: uint8 x int8 activations is the form
     that saturates without VNNI (no session option moves it), and int8 x uint8 has no onnxruntime kernel.
@@ -214,6 +235,10 @@ def recode(model: onnx.ModelProto) -> Recoded:
         result.producers.append(node.name or node.output[0])
     for gemm, side in copies:
         _uint8_copy(g, gemm, side, const, int8_scalar)
+    uint8 = result.tensors | {n.output[0] for n in g.node if n.name.endswith("_uint8")}
+    for n in g.node:
+        if n.op_type in GEMMS and n.input[0] in uint8:
+            _uint8_weights(g, n, inits)
     keep = [v for v in g.value_info if v.name not in result.tensors]
     del g.value_info[:]
     g.value_info.extend(keep)

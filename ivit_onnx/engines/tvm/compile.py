@@ -178,8 +178,9 @@ def compile_model(model_or_path, target="llvm", arch: str | None = None, out=Non
     model = onnx.load(str(model_or_path)) if isinstance(model_or_path, str | os.PathLike) else model_or_path
     from .kernels import KERNEL_OPS
 
-    prepared = prepare_for_tvm(model, keep_ops=KERNEL_OPS if kernels else ())
-    inputs, outputs = io_specs(prepared, shape)
+    inputs, outputs = io_specs(model, shape)
+    prepared = prepare_for_tvm(model, keep_ops=KERNEL_OPS if kernels else (),
+                               shapes={i["name"]: i["shape"] for i in inputs})
     say("importing into Relax")
     tgt = make_target(target, arch)
     mod, n_int8 = import_relax(prepared, inputs, int8, mixed_sign=tgt.kind.name == "llvm")

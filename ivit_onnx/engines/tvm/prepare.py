@@ -11,6 +11,7 @@ from ivit_onnx.conv_gemm import rewrite_conv_integer
 from ivit_onnx.opset import DOMAIN
 from ivit_onnx.opset.functions import attach_functions, used_ops
 
+from .static_shapes import fold_static_shapes
 from .wrap import rewrite_biased_shifts, unsigned_arithmetic
 
 #: domains TVM's frontend knows; it ignores the domain of every other node and maps it by op_type
@@ -54,11 +55,13 @@ def foreign_nodes(graph: onnx.GraphProto) -> list[str]:
     return found
 
 
-def prepare_for_tvm(model: onnx.ModelProto, keep_ops=()) -> onnx.ModelProto:
+def prepare_for_tvm(model: onnx.ModelProto, keep_ops=(), shapes: dict | None = None) -> onnx.ModelProto:
     """A copy of ``model`` with the private ops inlined from fresh bodies, in forms TVM imports bit-exactly.
 
     ``keep_ops``: private op types left as ``ai.ivit`` nodes (not inlined), for the frontend converters
-    of :mod:`.kernels` (imported within ``kernels.ivit_converters()``).
+    of :mod:`.kernels` (imported within ``kernels.ivit_converters()``). ``shapes``: the inputs' fixed
+    shapes (name -> dims) of the build; what the graph computes from shapes is folded at them
+    (:mod:`.static_shapes`), so every tensor reaches relax with a static shape.
 
     The result is meant for TVM only: general ConvInteger becomes an int32 ``Conv`` and wrapping uint64
     floor shifts signed BitShifts, which onnxruntime does not run (:mod:`.conv`, :mod:`.wrap`).
@@ -69,6 +72,8 @@ def prepare_for_tvm(model: onnx.ModelProto, keep_ops=()) -> onnx.ModelProto:
     out.CopyFrom(model)
     if used_ops(out):
         attach_functions(out)  # the bodies that match the reference kernels, whatever the file carried
+    if shapes:
+        fold_static_shapes(out, shapes)
     kept = [f for f in out.functions if f.domain == DOMAIN and f.name in keep_ops]
     for f in kept:
         out.functions.remove(f)

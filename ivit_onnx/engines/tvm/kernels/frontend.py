@@ -54,6 +54,16 @@ def _check(op: str, inputs: list, attrs: dict) -> None:
     OPS[op].check([np.dtype(_dtype(i)) for i in inputs], attrs, where=f"TVM kernel for {op}")
 
 
+def _check_static(op: str, node: str, inputs: list) -> None:
+    """The kernels are TE computes over static shapes: name the node and the operand relax left without one
+    (``compile_model`` folds shape arithmetic at the build's input shapes; what is left depends on data)."""
+    for k, expr in enumerate(inputs):
+        if expr is not None and not isinstance(getattr(expr.ty, "shape", None), relax.ShapeExpr):
+            raise ValueError(f"{op} {node!r}: input {k} has no static shape in relax ({expr.ty}); the TVM "
+                             f"engine needs every shape fixed at compile time: give each input's --shape, "
+                             f"and make the shapes in the graph depend only on them")
+
+
 @dataclass
 class _Emitted:
     """A private op this import turned into a kernel call: its ONNX inputs (Relax exprs) and attributes."""
@@ -84,6 +94,7 @@ class _Import:
 
     def convert(self, op: str, bb: relax.BlockBuilder, inputs: list, attr: dict):
         """The converter of private op ``op`` (``attr``: the ONNX node's attributes)."""
+        _check_static(op, attr.get("tvm_custom", {}).get("name", "?"), inputs)
         return self.emit(op, bb, list(inputs), _attrs(op, attr))
 
     def emit(self, op: str, bb: relax.BlockBuilder, inputs: list, attrs: dict):

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The exactness checks on emulated ARM64 CPUs (QEMU user mode on an x86-64 host): onnxruntime's 8-bit GEMMs,
+# the native kernels against numpy, and the bundled digits model's validate across the three backends.
+#
+# Installs what it needs from scratch (apt: qemu-user, the aarch64 cross compiler, Debian's arm64 Python 3.11
+# unpacked into a sysroot; pip: the cp311 aarch64 wheels), all cached under ~/.cache/ivit-arm so reruns only
+# run the checks. No torch. Usage: tests/arm/run.sh [CPU model ...] (default: cortex-a72 cortex-a76).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+cache=${IVIT_ARM_CACHE:-$HOME/.cache/ivit-arm}
+sysroot=$cache/sysroot site=$cache/site
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=(cortex-a72 cortex-a76)
+mkdir -p "$cache"
+t0=$(date +%s)
+
+# 1. host packages: QEMU and the cross compiler (which Debian's arm64 sysconfig names, too)
+if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-g++ >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user g++-aarch64-linux-gnu >/dev/null
+fi
+
+# 2. the sysroot: Debian bookworm's arm64 python3.11 and the libraries it needs, unpacked (not installed)
+if [ ! -x "$sysroot/usr/bin/python3.11" ]; then
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    dpkg --add-architecture arm64
+    apt-get update -qq
+  fi
+  debs=$cache/debs
+  mkdir -p "$debs"
+  pkgs=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces \
+           --no-enhances --no-pre-depends python3.11:arm64 libstdc++6:arm64 libgomp1:arm64 \
+         | grep -E '^[a-z0-9].*:arm64$' | sort -u)
+  (cd "$debs" && apt-get download -qq $pkgs 2>&1 | grep -v "^W:" || true)
+  rm -rf "$sysroot.tmp" && mkdir -p "$sysroot.tmp"
+  for d in "$debs"/*.deb; do dpkg -x "$d" "$sysroot.tmp"; done
+  mv "$sysroot.tmp" "$sysroot"
+fi
+
+# 3. the cp311 aarch64 wheels (the runtime dependencies and pytest), unpacked onto the guest's PYTHONPATH
+reqs=("numpy>=1.24" "onnx==1.23.*" "onnxruntime==1.31.*" "onnx-graphsurgeon>=0.5" "onnxruntime-extensions==0.15.2"
+      "pytest>=8")
+if [ "$(cat "$site/.done" 2>/dev/null)" != "${reqs[*]}" ]; then
+  rm -rf "$site" "$cache/wheels" && mkdir -p "$site" "$cache/wheels"
+  python3 -m pip download -q --only-binary=:all: --platform manylinux2014_aarch64 \
+    --platform manylinux_2_28_aarch64 --python-version 3.11 --implementation cp -d "$cache/wheels" "${reqs[@]}" \
+    2> >(grep -v "^WARNING: Location" >&2)
+  for w in "$cache"/wheels/*.whl; do python3 -m zipfile -e "$w" "$site"; done
+  echo "${reqs[*]}" >"$site/.done"
+fi
+
+# 4. this checkout as the installed package (setup.py's layout), and the native library built for aarch64
+pkg=$cache/pkg
+rm -rf "$pkg" && mkdir -p "$pkg"
+cp -r ivit_onnx "$pkg/ivit_onnx"
+for sub in passes opset models; do cp -r "$sub" "$pkg/ivit_onnx/$sub"; done
+mkdir -p "$pkg/tests" && cp tests/__init__.py "$pkg/tests/" && cp -r tests/opset "$pkg/tests/opset"
+find "$pkg" \( -name "*.so" -o -name __pycache__ \) -prune -exec rm -rf {} +
+lib=$cache/_kernels_aarch64.so
+src=(opset/native/kernels.cpp opset/native/ort_ops.cpp opset/native/gemm_check.cpp)
+if [ ! -f "$lib" ] || [ -n "$(find opset/native -newer "$lib" -print -quit)" ]; then
+  # setup.py's flags (portable: no -march on aarch64)
+  aarch64-linux-gnu-g++ -std=c++17 -O3 -fwrapv -pthread -shared -fPIC -Wall -o "$lib" "${src[@]}"
+fi
+t1=$(date +%s)
+echo "arm64: setup $((t1 - t0)) s"
+
+# 5. the checks, once per CPU model, each with an arm64 /proc/cpuinfo of that model (QEMU would show the
+# host's x86 one, on which onnxruntime's CPU detection crashes)
+status=0
+for cpu in "${models[@]}"; do
+  mkdir -p "$sysroot/proc"
+  python3 tests/arm/cpuinfo.py "$cpu" >"$sysroot/proc/cpuinfo"
+  t=$(date +%s)
+  guest=(env PYTHONPATH="$pkg:$site" IVIT_NATIVE_LIB="$lib" qemu-aarch64 -cpu "$cpu" -L "$sysroot"
+         "$sysroot/usr/bin/python3.11")
+  # the native kernels against the numpy references (the project's own test file), then the rest
+  if ! (cd "$pkg" && "${guest[@]}" -m pytest -q -p no:cacheprovider tests/opset/test_native.py 2>&1 | tail -1 \
+        | sed "s/^/[$cpu] native kernels: /") \
+     || ! "${guest[@]}" tests/arm/exactness.py --samples "${IVIT_ARM_SAMPLES:-32}" 2>&1 \
+        | grep -v "^  \|^$\|^wrote\|^attach_functions\|^ivit_onnx.validate" | sed "s/^/[$cpu] /"; then
+    status=1
+  fi
+  echo "arm64 $cpu: $(( $(date +%s) - t )) s"
+done
+exit $status
