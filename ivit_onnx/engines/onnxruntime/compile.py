@@ -20,7 +20,7 @@ from ivit_onnx.weights import unshare_gemm_weights
 from .bias_fold import fold_bias
 from .chain_fold import fold_chains
 from .patch_gemm import patch_gemm
-from .qgemm_fold import fold_qgemm
+from .qgemm_fold import fast_path, fold_qgemm
 from .u8_gemm import recode
 
 ENGINE_KEY = "ivit.engine"
@@ -98,7 +98,7 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["bias_fold"] = fold_bias(out, keep=set(keep))
     if chain_fold:
         out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
-    if qgemm:
+    if qgemm and fast_path():
         out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
     counts["unshared_weights"] = unshare_gemm_weights(out)
     _drop_unused_initializers(out.graph)

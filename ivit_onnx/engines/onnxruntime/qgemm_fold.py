@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ivit_onnx.graph import input_uses
-from ivit_onnx.opset import DOMAIN
+from ivit_onnx.opset import DOMAIN, native_kernels
 
 from .bias_fold import I31, _column_bound
 from .chain_fold import FUSED_DOMAIN
@@ -104,6 +104,14 @@ def _fused(gr: _Graph, head: onnx.NodeProto, g: onnx.GraphProto, fresh) -> onnx.
                             **attrs)
 
 
+def fast_path() -> bool:
+    """Whether the native library has a vector QGemm path on this CPU (AVX2 or AVX-512 VNNI): elsewhere (ARM,
+    old x86) its portable loop is far slower than onnxruntime's MatMulInteger, which compile then keeps."""
+    lib = native_kernels._LIB
+    return lib is not None and hasattr(lib, "ivit_qgemm_supported") and any(
+        lib.ivit_qgemm_supported(isa) for isa in (2, 3))
+
+
 def fold_qgemm(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with every eligible GEMM -> Requantize pair fused; returns it and how many were."""
     out = onnx.ModelProto()
@@ -133,4 +141,4 @@ def fold_qgemm(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProt
     return out, len(replace)
 
 
-__all__ = ["ENGINE_DOMAIN", "fold_qgemm"]
+__all__ = ["ENGINE_DOMAIN", "fast_path", "fold_qgemm"]
