@@ -58,10 +58,14 @@ for sub in passes opset models; do cp -r "$sub" "$pkg/ivit_onnx/$sub"; done
 mkdir -p "$pkg/tests" && cp tests/__init__.py "$pkg/tests/" && cp -r tests/opset "$pkg/tests/opset"
 find "$pkg" \( -name "*.so" -o -name __pycache__ \) -prune -exec rm -rf {} +
 lib=$cache/_kernels_aarch64.so
-src=(opset/native/kernels.cpp opset/native/ort_ops.cpp opset/native/gemm_check.cpp)
-if [ ! -f "$lib" ] || [ -n "$(find opset/native -newer "$lib" -print -quit)" ]; then
-  # setup.py's flags (portable: no -march on aarch64)
-  aarch64-linux-gnu-g++ -std=c++17 -O3 -fwrapv -pthread -shared -fPIC -Wall -o "$lib" "${src[@]}"
+# setup.py's own source list (its setup() runs only as __main__)
+read -r -a src <<<"$(python3 -c 'import setup; print(" ".join(setup.SOURCES))')"
+if [ ! -f "$lib" ] || [ -n "$(find opset/native -newer "$lib" -print -quit)" ] \
+   || [ "$(cat "$lib.sources" 2>/dev/null)" != "${src[*]}" ]; then
+  # setup.py's flags (portable: no -march on aarch64); every symbol resolved at link time
+  aarch64-linux-gnu-g++ -std=c++17 -O3 -fwrapv -pthread -shared -fPIC -Wall -Wl,--no-undefined -o "$lib" \
+    "${src[@]}"
+  echo "${src[*]}" >"$lib.sources"
 fi
 t1=$(date +%s)
 echo "arm64: setup $((t1 - t0)) s"
