@@ -270,12 +270,14 @@ class Report:
 def bench(candidates: Mapping[str, Any], *, batch: int, iters: int, warmup: int = 2,
           feeds: Mapping[str, np.ndarray] | None = None, baseline: str | None = None,
           threads: int | None = None, clock: Callable[[], float] = time.perf_counter,
-          progress: TextIO | None = sys.stderr, title: str = "", dev: dict | None = None) -> Report:
+          progress: TextIO | None | str = "stderr", title: str = "", dev: dict | None = None) -> Report:
     """Prepare every candidate (untimed), time them interleaved (:func:`measure`) and summarize.
 
     ``candidates``: name -> :class:`Candidate`, runner (run on ``feeds``) or zero-argument callable, in
     row order. ``baseline``: the row the ratios divide by. ``dev``: the device header (default
-    :func:`device` with ``threads``)."""
+    :func:`device` with ``threads``). ``progress``: a stream, None for none, or "stderr": ``sys.stderr`` as it
+    is when called (a default bound at import would keep a stream that was replaced since)."""
+    progress = sys.stderr if progress == "stderr" else progress
     cands = {name: candidate(c, feeds) for name, c in candidates.items()}
     say = _printer(progress)
     notes = []
