@@ -14,13 +14,13 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+import onnx_graphsurgeon as gs
 
 from ivit_onnx.affine import dtype_range
 from ivit_onnx.graph import dequantized_const
 
 from ..pattern import Op, Rule
+from . import lookup
 from .lowerer import Lowerer, Outcome
 
 COMPARISONS = ("Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual")
@@ -46,37 +46,18 @@ class ArgExtreme(Rule):
 
 def onnx_node(lw: Lowerer, op: str, inputs: list, output, attrs: dict):
     """A graph node writing the original output tensor (an integer already: indices or booleans)."""
-    import onnx_graphsurgeon as gs
-
     return gs.Node(op, lw.fresh(op.lower()), dict(attrs), list(inputs), [output])
 
 
-def _table(lw: Lowerer, op: str, a, value: np.ndarray) -> np.ndarray:
-    """``op(DQ_a(q), value)`` for every ``q`` of ``a``'s type as onnxruntime computes the fake-quant graph."""
-    import onnxruntime as ort
-
-    from ivit_onnx.runners import simulate_qdq
-
-    lo, hi = dtype_range(a.dtype)
-    q = np.arange(lo, hi + 1, dtype=np.int64).astype(a.dtype)
-    ttype = helper.np_dtype_to_tensor_dtype
-    inits = [
-        numpy_helper.from_array(np.asarray(a.scale, np.float32).reshape(()), "s"),
-        numpy_helper.from_array(np.array(a.zero_point, a.dtype), "zp"),
-        numpy_helper.from_array(np.asarray(value, np.float32).reshape(()), "c"),
-    ]
-    graph = helper.make_graph(
-        [helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["x"]),
-         helper.make_node(op, ["x", "c"], ["y"])],
-        "compare", [helper.make_tensor_value_info("q", ttype(a.dtype), [q.size])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.BOOL, [q.size])], inits,
-    )
-    opset = [helper.make_opsetid("", max(21, lw.ctx.opset))]
-    model = helper.make_model(graph, opset_imports=opset, ir_version=10)
-    opts = ort.SessionOptions()
-    simulate_qdq(opts)
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return sess.run(None, {"q": q})[0]
+def _table(lw: Lowerer, op: str, a, constant) -> np.ndarray:
+    """``op(DQ_a(q), constant)`` for every ``q`` of ``a``'s type as onnxruntime computes the fake-quant graph
+    (:func:`.lookup.fake_quant`, on a detached node of its own)."""
+    node = gs.Node(op, inputs=[gs.Variable("x"), constant], outputs=[gs.Variable("y", dtype=np.bool_)])
+    try:
+        return lookup.fake_quant(lw, node, a, None, out_dtype=np.bool_)[1]
+    finally:
+        node.inputs.clear()  # the constant keeps only its graph readers
+        node.outputs.clear()
 
 
 class Compare(Rule):
@@ -115,7 +96,7 @@ class Compare(Rule):
         it, a = lw.get(t)
         op = {"Greater": "Less", "Less": "Greater", "GreaterOrEqual": "LessOrEqual",
               "LessOrEqual": "GreaterOrEqual"}.get(node.op, node.op) if flipped else node.op  # fmt: skip
-        table = _table(lw, op, a, dequantized_const(c))
+        table = _table(lw, op, a, c)
         lo = dtype_range(a.dtype)[0]
         idx = lw.node("Cast", [it], np.int32, "index", attrs={"to": np.int32}, shape=it.shape)
         if lo:

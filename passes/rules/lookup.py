@@ -62,10 +62,12 @@ def tabulable(lw: Lowerer, t: gs.Tensor) -> bool:
     return a.per_tensor and a.dtype.itemsize <= 2
 
 
-def fake_quant(lw: Lowerer, node: gs.Node, a: Affine, t: Affine | None) -> tuple[np.ndarray, np.ndarray]:
+def fake_quant(
+    lw: Lowerer, node: gs.Node, a: Affine, t: Affine | None, out_dtype=np.float32
+) -> tuple[np.ndarray, np.ndarray]:
     """``(q, y)`` over every value ``q`` of ``a``'s type: ``y = Q_t(f(DQ_a(q)))`` as onnxruntime computes the
-    fake-quant subgraph (``f`` is ``node``, its other inputs constants), or ``f(DQ_a(q))`` in float32 when
-    ``t`` is None."""
+    fake-quant subgraph (``f`` is ``node``, its other inputs constants), or ``f(DQ_a(q))`` in ``out_dtype``
+    (float32; bool for a comparison) when ``t`` is None."""
     import onnxruntime as ort
 
     from ivit_onnx.runners import simulate_qdq
@@ -88,7 +90,7 @@ def fake_quant(lw: Lowerer, node: gs.Node, a: Affine, t: Affine | None) -> tuple
         helper.make_node("DequantizeLinear", ["q", "s_in", "zp_in"], ["x"]),
         helper.make_node(node.op, ins, ["y"], **dict(node.attrs)),
     ]
-    out, odt = "y", onnx.TensorProto.FLOAT
+    out, odt = "y", helper.np_dtype_to_tensor_dtype(np.dtype(out_dtype))
     if t is not None:
         if not t.per_tensor:
             raise ValueError("a per-channel QuantizeLinear after a table lookup")
@@ -109,10 +111,10 @@ def fake_quant(lw: Lowerer, node: gs.Node, a: Affine, t: Affine | None) -> tuple
     simulate_qdq(opts)
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     res = sess.run(None, {"q": q.astype(a.dtype)})
-    if np.any(np.isnan(res[-1])):
+    if res[-1].dtype.kind == "f" and np.any(np.isnan(res[-1])):
         bad = float(((q[np.isnan(res[-1])][0]) - a.zero_point) * a.scale)
         raise ValueError(f"{node.op} is NaN on the input's range (at {bad:g}): it has no integer value there")
-    if t is None and not np.all(np.isfinite(res[0])):
+    if t is None and res[0].dtype.kind == "f" and not np.all(np.isfinite(res[0])):
         raise ValueError(f"{node.op} is not finite on the input's range")
     return q, res[0]
 
