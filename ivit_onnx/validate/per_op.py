@@ -48,12 +48,34 @@ def _quantize(x: np.ndarray, entry: dict) -> np.ndarray:
     return np.clip(q, lo, hi).astype(dtype)
 
 
-def _sources(model: onnx.ModelProto, tmap: dict, start: str, consts: set[str]):
-    """The nodes between ``start``'s producer and the mapped tensors or graph inputs upstream of it
-    (topological order), and those tensors (a graph input is fed as validate feeds it: a token mask)."""
+@dataclass
+class Kernel:
+    """One approximating kernel node and what runs it alone: the nodes from its sources (mapped tensors or
+    graph inputs) to its output, in topological order; ``nodes`` is None where a path reaches neither."""
+
+    node: onnx.NodeProto
+    nodes: list | None
+    sources: list[str]
+
+
+def kernels(model: onnx.ModelProto, tmap: dict) -> list[Kernel]:
+    """Every approximating kernel, with its upstream plan where its output replaces a fake-quant tensor."""
     prod = {o: n for n in model.graph.node for o in n.output}
+    order = {id(n): i for i, n in enumerate(model.graph.node)}
     inputs = {i.name for i in model.graph.input}
-    nodes, sources, todo, seen = [], set(), [start], set()
+    consts = {t.name for t in model.graph.initializer}
+    consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    out = []
+    for node in model.graph.node:
+        if node.op_type in APPROXIMATING:  # one whose output replaces nothing is listed as skipped
+            out.append(_plan(node, prod, order, inputs, consts, tmap) if node.output[0] in tmap
+                       else Kernel(node, None, []))
+    return out
+
+
+def _plan(node, prod: dict, order: dict, inputs: set[str], consts: set[str], tmap: dict) -> Kernel:
+    start = node.output[0]
+    nodes, sources, todo, seen = {}, set(), [start], set()
     while todo:
         t = todo.pop()
         if t in seen or not t or t in consts:
@@ -62,14 +84,12 @@ def _sources(model: onnx.ModelProto, tmap: dict, start: str, consts: set[str]):
         if t != start and (t in tmap or t in inputs):
             sources.add(t)
             continue
-        node = prod.get(t)
-        if node is None:
-            return None
-        nodes.append(node)
-        todo += list(node.input)
-    order = {id(n): i for i, n in enumerate(model.graph.node)}
-    unique = {id(n): n for n in nodes}
-    return sorted(unique.values(), key=lambda n: order[id(n)]), sorted(sources)
+        producer = prod.get(t)
+        if producer is None:
+            return Kernel(node, None, [])
+        nodes[id(producer)] = producer
+        todo += list(producer.input)
+    return Kernel(node, sorted(nodes.values(), key=lambda n: order[id(n)]), sorted(sources))
 
 
 def _submodel(model: onnx.ModelProto, nodes: list, feeds: dict, out: str):
@@ -86,34 +106,27 @@ def _submodel(model: onnx.ModelProto, nodes: list, feeds: dict, out: str):
 
 
 def per_op(
-    model: onnx.ModelProto, feeds: dict, fq_values: dict, tmap: dict
+    model: onnx.ModelProto, plans: list[Kernel], feeds: dict, fq_values: dict, tmap: dict
 ) -> tuple[list[OpRow], list[str]]:
-    """The rows of every approximating kernel whose output replaces a fake-quant tensor, and the kernels
-    skipped with why. ``feeds``: the batch; ``fq_values``: the fake-quant model's tensors on it (every
-    ``replaces`` of :func:`needed`)."""
+    """The rows of the kernels of ``plans`` (:func:`kernels`), and those skipped with why. ``feeds``: the
+    batch; ``fq_values``: the fake-quant model's tensors on it (:func:`needed`)."""
     from ivit_onnx.runners import make_runner
 
-    consts = {t.name for t in model.graph.initializer}
-    consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     rows, skipped = [], []
-    for node in model.graph.node:
-        if node.op_type not in APPROXIMATING:
-            continue
-        out = node.output[0]
+    for k in plans:
+        node, out = k.node, k.node.output[0]
         entry = tmap.get(out)
-        got = _sources(model, tmap, out, consts) if entry else None
-        if entry is None or got is None or entry["replaces"] not in fq_values:
+        if k.nodes is None or entry["replaces"] not in fq_values:
             skipped.append(f"{node.op_type} '{node.name}': its output or input replaces no fake-quant tensor")
             continue
-        nodes, sources = got
-        mapped = [s for s in sources if s in tmap]
-        fed = set(sources) - set(mapped) <= set(feeds)
+        mapped = [s for s in k.sources if s in tmap]
+        fed = set(k.sources) - set(mapped) <= set(feeds)
         if any(tmap[s]["replaces"] not in fq_values for s in mapped) or not fed:
             skipped.append(f"{node.op_type} '{node.name}': an input's fake-quant tensor was not computed")
             continue
         inputs = {s: _quantize(fq_values[tmap[s]["replaces"]], tmap[s]) if s in tmap else feeds[s]
-                  for s in sources}
-        sub = _submodel(model, nodes, inputs, out)
+                  for s in k.sources}
+        sub = _submodel(model, k.nodes, inputs, out)
         got_y = next(iter(make_runner("functions", sub).run(inputs).values())).astype(np.int64)
         ref = _quantize(fq_values[entry["replaces"]], entry).astype(np.int64)
         diff = np.abs(got_y - np.broadcast_to(ref, got_y.shape))
@@ -122,15 +135,11 @@ def per_op(
     return rows, skipped
 
 
-def needed(model: onnx.ModelProto, tmap: dict) -> list[str]:
+def needed(plans: list[Kernel], tmap: dict) -> list[str]:
     """The fake-quant tensors :func:`per_op` reads (the kernels' outputs and their mapped sources)."""
-    consts = {t.name for t in model.graph.initializer}
     names = set()
-    for node in model.graph.node:
-        if node.op_type in APPROXIMATING and node.output[0] in tmap:
-            names.add(tmap[node.output[0]]["replaces"])
-            got = _sources(model, tmap, node.output[0], consts)
-            names |= {tmap[s]["replaces"] for s in (got[1] if got else []) if s in tmap}
+    for k in (k for k in plans if k.nodes is not None):
+        names |= {tmap[t]["replaces"] for t in (k.node.output[0], *k.sources) if t in tmap}
     return sorted(names)
 
 

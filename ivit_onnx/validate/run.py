@@ -268,7 +268,7 @@ class Session:
 
     def _per_op(self, model: onnx.ModelProto, feeds: dict) -> None:
         """Each approximating kernel's own error on the fake-quant model's integers (``per_op``)."""
-        from .per_op import needed, per_op, summary
+        from .per_op import kernels, needed, per_op, summary
 
         label, fq_runner = "per-op vs fake-quant", self.refs.get("fake-quant")
         if not self.tmap:
@@ -279,8 +279,9 @@ class Session:
             return
         fq_feeds = _feeds_for(fq_runner, feeds)
         try:
-            fq_values = fq_runner.run_with(fq_feeds, needed(model, self.tmap))
-            rows, skipped = per_op(model, feeds, fq_values, self.tmap)
+            plans = kernels(model, self.tmap)
+            fq_values = fq_runner.run_with(fq_feeds, needed(plans, self.tmap))
+            rows, skipped = per_op(model, plans, feeds, fq_values, self.tmap)
         except Exception as e:  # noqa: BLE001 - a kernel that cannot run alone is a failed check, one line
             self.checks.append(Check(label, FAILED, one_line(e)))
             return
