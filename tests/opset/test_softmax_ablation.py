@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
-import shutil
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -27,6 +23,7 @@ from ivit_onnx.opset import log_int_softmax as lis
 from ivit_onnx.opset.ort_library import native_library
 from ivit_onnx.opset.poly_exp import norm_shift, poly_exp, row_exps
 from ivit_onnx.opset.shift_exp import max_n
+from tests.qemu import QEMU_X86, haswell
 
 RNG = np.random.default_rng(20261126)
 POLY = ("IBertSoftmax", "LogIntSoftmax")
@@ -171,6 +168,7 @@ def test_attribute_refused_at_session_creation(op, change, expected):
 EMULATED = """
 import json, numpy as np
 from ivit_onnx.opset import OPS, native_kernels
+from tests.qemu import QEMU_X86, haswell
 from tests.opset.test_softmax_ablation import attrs_of
 rng, bad = np.random.default_rng(3), []
 for op in ("IBertSoftmax", "LogIntSoftmax"):
@@ -188,16 +186,13 @@ print(json.dumps({"avx2_only": native_kernels._LIB.ivit_rescale_avx2(), "bad": b
 
 @needs_native
 @pytest.mark.skipif(
-    shutil.which("qemu-x86_64") is None or platform.machine() != "x86_64",
+    QEMU_X86 is None,
     reason="needs qemu-x86_64 (apt-get install qemu-user) on an x86-64 host",
 )
 def test_native_kernels_exact_on_an_emulated_avx2_cpu():
     """The compiled loops run their AVX2 clones (target_clones' x86-64-v3) on an emulated Haswell (AVX2, no
     AVX-512): equal to the references there too."""
-    run = subprocess.run(
-        ["qemu-x86_64", "-cpu", "Haswell", sys.executable, "-c", EMULATED],
-        capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2],
-    )
+    run = haswell(EMULATED, cwd=str(Path(__file__).resolve().parents[2]))
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result == {"avx2_only": 1, "bad": []}

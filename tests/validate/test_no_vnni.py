@@ -8,9 +8,6 @@ self-check count forms as wrong (``opset/native/gemm_check.cpp``), reaching its 
 
 from __future__ import annotations
 
-import os
-import platform
-import shutil
 import subprocess
 import sys
 
@@ -20,18 +17,12 @@ import pytest
 
 from ivit_onnx.opset import gemm_probe, native_kernels, ort_library
 from ivit_onnx.runners import OrtRunner
+from tests.qemu import QEMU_X86, haswell
 from tests.validate.conftest import x_batch
 
-QEMU = shutil.which("qemu-x86_64")
 needs_library = pytest.mark.skipif(not native_kernels.available(), reason="the native library was not built")
-needs_qemu = pytest.mark.skipif(QEMU is None or platform.machine() != "x86_64",
+needs_qemu = pytest.mark.skipif(QEMU_X86 is None,
                                 reason="needs qemu-x86_64 (apt-get install qemu-user) on an x86-64 host")
-
-
-def emulated(code: str, timeout: int = 600, **env) -> subprocess.CompletedProcess:
-    """``python -c code`` on an emulated Haswell (AVX2, no AVX-512, no VNNI)."""
-    return subprocess.run([QEMU, "-cpu", "Haswell", sys.executable, "-c", code], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **env})
 
 
 PROBE = """
@@ -54,7 +45,7 @@ def _firsts() -> list[int]:
 def test_emulated_cpu_saturates_uint8_x_int8_and_the_library_makes_it_exact():
     import json
 
-    plain = emulated(PROBE.format(library=False), timeout=300)
+    plain = haswell(PROBE.format(library=False), timeout=300)
     assert plain.returncode == 0, plain.stderr[-2000:]
     got = json.loads(plain.stdout.splitlines()[0])
     want = _firsts()
@@ -62,7 +53,7 @@ def test_emulated_cpu_saturates_uint8_x_int8_and_the_library_makes_it_exact():
     assert got[1:] == want[1:]  # uint8 x uint8 and int8 x int8 stay exact there
     if not native_kernels.available():
         pytest.skip("the native library was not built")
-    lib = emulated(PROBE.format(library=True), timeout=300)
+    lib = haswell(PROBE.format(library=True), timeout=300)
     assert lib.returncode == 0, lib.stderr[-2000:]
     lines = lib.stdout.splitlines()
     assert json.loads(lines[0]) == want
@@ -82,7 +73,7 @@ def test_fast_path_is_bit_exact_on_the_bundled_model_without_vnni(tmp_path):
             "library,functions", "--json", str(tmp_path / "{}.json")]
     code = ("import sys; from ivit_onnx.validate.cli import main; "
             f"sys.exit(main({[a.format('emulated') for a in argv]!r}))")
-    run = emulated(code)
+    run = haswell(code)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "saturates" in run.stdout  # the self-check switched to the exact kernels there
     native = subprocess.run([sys.executable, "-c", code.replace("emulated", "native")], capture_output=True,
