@@ -60,8 +60,8 @@ def weights(kind: str = "s8_min") -> np.ndarray:
 
 
 def conv_weights(form: str) -> np.ndarray:
-    """A ConvInteger form's constant weights ``[N, C / group, kh, kw]``: output channel ``n`` holds column ``n``
-    of :func:`weights` (its kind's extremes alternate over the output channels)."""
+    """A ConvInteger form's constant weights ``[N, C / group, kh, kw]``: output channel ``n`` holds column
+    ``n`` of :func:`weights` (its kind's extremes alternate over the output channels)."""
     per_output = FEEDS[FORMS[form][0]][2][1] // CONV_GROUPS[form] * KERNEL[0] * KERNEL[1]
     w = weights(FORMS[form][1])[:per_output]
     return np.ascontiguousarray(w.T).reshape(N, -1, *KERNEL)
@@ -81,7 +81,7 @@ def expected() -> dict[str, np.ndarray]:
     f = feeds()
     out = {}
     for name, (a, b) in FORMS.items():
-        if name in CONV_GROUPS:  # every window of the constant image: its value times the channel's weight sum
+        if name in CONV_GROUPS:  # each window of the constant image: its value times the channel's weight sum
             value = int(FEEDS[a][1])
             row = value * conv_weights(name).reshape(N, -1).astype(np.int64).sum(axis=1)
             out[name] = np.broadcast_to(row, (1, M, N)).astype(np.int32)

@@ -3,7 +3,8 @@ as an artifact that a plain onnxruntime session with the library registered runs
 CPU.
 
 The artifact's 8-bit GEMMs are the forms the library's self-check proves at registration (uint8 x constant
-int8, uint8 x uint8; ``opset/gemm_probe.py``), or int8 x int8 as converted (``u8_gemm=False``: the fallback,
+int8, uint8 x uint8; every ConvInteger uint8 x constant uint8; ``opset/gemm_probe.py``), or int8 x int8 as
+converted (``u8_gemm=False``: the fallback,
 marked so that the session registers the library for it). Graph outputs are never re-encoded, so the artifact
 computes the same output bits as ``int.onnx``. The metadata key ``ivit.engine`` marks an artifact.
 """
@@ -54,6 +55,7 @@ class Compiled:
         gemm = (f"{c.get('u8_gemm', 0)} int8 GEMM operand producers re-encoded as uint8 (exact)"
                 if self.uint8_gemms else "int8 GEMMs as converted")
         done = [gemm]
+        done += [f"{c['u8_conv']} ConvInteger as uint8 x uint8"] if c.get("u8_conv") else []
         done += [f"{c['bias_fold']} GEMM bias Adds folded into Requantize"] if c.get("bias_fold") else []
         done += [f"{c['patch_gemm']} patch ConvInteger as MatMulInteger"] if c.get("patch_gemm") else []
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
@@ -94,6 +96,8 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
     if u8_gemm:
         done = recode(out)
         out, recoded, counts["u8_gemm"] = done.model, done.tensors, len(done.producers)
+        if done.convs:
+            counts["u8_conv"] = done.convs
     if bias_fold:
         out, counts["bias_fold"] = fold_bias(out, keep=set(keep))
     if chain_fold:
