@@ -28,6 +28,7 @@ on Haswell; ``session.x64quantprecision`` does not touch ConvInteger.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +37,7 @@ from onnx import helper, numpy_helper
 
 from ivit_onnx.graph import input_uses
 from ivit_onnx.opset import DOMAIN
+from ivit_onnx.opset.ort_library import _value_dtypes
 
 #: ops that move data without looking at values (followed through their data input 0)
 LAYOUT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Split", "Gather", "Slice", "Flatten", "Identity",
@@ -137,9 +139,7 @@ def _uint8_weights(g: onnx.GraphProto, gemm: onnx.NodeProto, inits: dict, always
     int8 and adds product pairs in int16, where -128 x -128 wraps (``opset/gemm_probe.py``'s ``u8s8_0``);
     uint8 x uint8 is exact."""
     w = inits.get(gemm.input[1])
-    if w is None or w.data_type != onnx.TensorProto.INT8:
-        return
-    if not always and not (numpy_helper.to_array(w) == -128).any():
+    if w is None or w.data_type != onnx.TensorProto.INT8 or not (always or _has_min(w)):
         return
     name = f"{gemm.output[0]}_b_uint8"
     shifted = (numpy_helper.to_array(w).astype(np.int16) + 128).astype(np.uint8)
@@ -196,17 +196,21 @@ def _uint8_tensors(model: onnx.ModelProto) -> set[str]:
     return {v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.UINT8}
 
 
-def _uint8_convs(source: onnx.ModelProto, g: onnx.GraphProto, recoded: set[str], const, int8_scalar,
-                 inits: dict) -> int:
+def _has_min(w: onnx.TensorProto | None) -> bool:
+    """Whether ``w`` is an int8 constant holding -128."""
+    if w is None or w.data_type != onnx.TensorProto.INT8:
+        return False
+    return bool((numpy_helper.to_array(w) == -128).any())
+
+
+def _uint8_convs(source_types, g: onnx.GraphProto, recoded: set[str], const, int8_scalar, inits: dict) -> int:
     """Every ConvInteger of ``g`` as uint8 x constant uint8 (the module docstring): a uint8 copy of an int8
     activation that was not re-encoded, weights moved by 128; returns how many ConvIntegers there are.
-    ``source``, the model before the re-encoding, types the activations."""
-    from ivit_onnx.opset.ort_library import _value_dtypes
-
+    ``source_types()`` types the tensors of the model before the re-encoding."""
     convs = [n for n in g.node if n.op_type == "ConvInteger" and n.domain in ("", "ai.onnx")]
     if not convs:
         return 0
-    types = _value_dtypes(source)
+    types = source_types()
     for n in convs:
         x = n.input[0]
         if x not in recoded and types.get(x) != np.uint8:
@@ -272,11 +276,13 @@ def recode(model: onnx.ModelProto) -> Recoded:
         result.producers.append(node.name or node.output[0])
     for gemm, side in copies:
         _uint8_copy(g, gemm, side, const, int8_scalar)
-    result.convs = _uint8_convs(model, g, result.tensors, const, int8_scalar, inits)
+    source_types = functools.cache(lambda: _value_dtypes(model))  # shape inference, only where needed
+    result.convs = _uint8_convs(source_types, g, result.tensors, const, int8_scalar, inits)
     uint8 = result.tensors | {n.output[0] for n in g.node if n.name.endswith("_uint8")}
     for n in g.node:
-        if n.op_type == "MatMulInteger" and n.input[0] in uint8:
-            _uint8_weights(g, n, inits)
+        if n.op_type == "MatMulInteger" and (n.input[0] in uint8 or (
+                _has_min(inits.get(n.input[1])) and source_types().get(n.input[0]) == np.uint8)):
+            _uint8_weights(g, n, inits)  # uint8 activations: ours, or the model's own (a uint8 quantizer's)
     keep = [v for v in g.value_info if v.name not in result.tensors]
     del g.value_info[:]
     g.value_info.extend(keep)
