@@ -22,7 +22,7 @@ from .bias_fold import fold_bias
 from .chain_fold import fold_chains
 from .patch_gemm import patch_gemm
 from .qgemm_fold import fast_path, fold_qgemm
-from .u8_gemm import recode
+from .u8_gemm import own_uint8_weights, recode
 
 ENGINE_KEY = "ivit.engine"
 #: metadata: "uint8" or "int8", the GEMM forms the artifact runs (the session registers the library for them)
@@ -104,6 +104,8 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
     if qgemm and fast_path():
         out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
+    if u8_gemm and (moved := own_uint8_weights(out, model)):
+        counts["u8_weights"] = moved  # a uint8 quantizer's GEMMs with -128 weights, where QGemm did not fuse
     counts["unshared_weights"] = unshare_gemm_weights(out)
     _drop_unused_initializers(out.graph)
     meta = {**_meta(out), ENGINE_KEY: "onnxruntime", GEMMS_KEY: "uint8" if u8_gemm else "int8",

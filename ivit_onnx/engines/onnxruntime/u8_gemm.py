@@ -12,7 +12,9 @@ Shape, and at least one in a MatMulInteger.
 The GEMMs this leaves are the forms the library's self-check proves exact on the CPU at hand
 (``opset/gemm_probe.py``): uint8 x constant int8 weights in [-127, 127], uint8 x constant uint8 weights (those
 holding -128, moved by 128: on ARM cores without a dot product the uint8 x int8 kernel meets -128 x -128
-again), and uint8 x uint8 where both operands are activations. Attention's K and V become uint8 too:
+again), and uint8 x uint8 where both operands are activations; a model's own uint8 x int8 GEMMs (a uint8
+quantizer's) with weights holding -128 get uint8 weights too, unless the library's QGemm takes them
+(:func:`own_uint8_weights`). Attention's K and V become uint8 too:
 onnxruntime's uint8 x int8 kernel saturates on x86 CPUs without VNNI, and only constant weights can be moved
 to its exact uint8 x uint8 kernel there (by ``session.x64quantprecision``).
 
@@ -28,7 +30,6 @@ on Haswell; ``session.x64quantprecision`` does not touch ConvInteger.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -203,14 +204,31 @@ def _has_min(w: onnx.TensorProto | None) -> bool:
     return bool((numpy_helper.to_array(w) == -128).any())
 
 
-def _uint8_convs(source_types, g: onnx.GraphProto, recoded: set[str], const, int8_scalar, inits: dict) -> int:
+def own_uint8_weights(model: onnx.ModelProto, source: onnx.ModelProto) -> int:
+    """GEMMs of ``model`` (compiled from ``source``) whose uint8 activations are the source's own (a uint8
+    quantizer's) and whose constant int8 weights hold -128 get those weights as uint8
+    (:func:`_uint8_weights`); returns how many. Run after the library's QGemm fold, which is exact on any
+    weights and takes such a GEMM where it can."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    gemms = [n for n in g.node if n.op_type == "MatMulInteger" and n.domain in ("", "ai.onnx")
+             and _has_min(inits.get(n.input[1]))]
+    types = _value_dtypes(source) if gemms else {}
+    own = [n for n in gemms if types.get(n.input[0]) == np.uint8]
+    for n in own:
+        _uint8_weights(g, n, inits)
+    return len(own)
+
+
+def _uint8_convs(source: onnx.ModelProto, g: onnx.GraphProto, recoded: set[str], const, int8_scalar,
+                 inits: dict) -> int:
     """Every ConvInteger of ``g`` as uint8 x constant uint8 (the module docstring): a uint8 copy of an int8
     activation that was not re-encoded, weights moved by 128; returns how many ConvIntegers there are.
-    ``source_types()`` types the tensors of the model before the re-encoding."""
+    ``source``, the model before the re-encoding, types the activations."""
     convs = [n for n in g.node if n.op_type == "ConvInteger" and n.domain in ("", "ai.onnx")]
     if not convs:
         return 0
-    types = source_types()
+    types = _value_dtypes(source)
     for n in convs:
         x = n.input[0]
         if x not in recoded and types.get(x) != np.uint8:
@@ -276,17 +294,15 @@ def recode(model: onnx.ModelProto) -> Recoded:
         result.producers.append(node.name or node.output[0])
     for gemm, side in copies:
         _uint8_copy(g, gemm, side, const, int8_scalar)
-    source_types = functools.cache(lambda: _value_dtypes(model))  # shape inference, only where needed
-    result.convs = _uint8_convs(source_types, g, result.tensors, const, int8_scalar, inits)
+    result.convs = _uint8_convs(model, g, result.tensors, const, int8_scalar, inits)
     uint8 = result.tensors | {n.output[0] for n in g.node if n.name.endswith("_uint8")}
     for n in g.node:
-        if n.op_type == "MatMulInteger" and (n.input[0] in uint8 or (
-                _has_min(inits.get(n.input[1])) and source_types().get(n.input[0]) == np.uint8)):
-            _uint8_weights(g, n, inits)  # uint8 activations: ours, or the model's own (a uint8 quantizer's)
+        if n.op_type == "MatMulInteger" and n.input[0] in uint8:
+            _uint8_weights(g, n, inits)
     keep = [v for v in g.value_info if v.name not in result.tensors]
     del g.value_info[:]
     g.value_info.extend(keep)
     return result
 
 
-__all__ = ["Recoded", "decode", "recode"]
+__all__ = ["Recoded", "decode", "own_uint8_weights", "recode"]
