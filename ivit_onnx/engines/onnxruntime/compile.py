@@ -56,6 +56,8 @@ class Compiled:
                 if self.uint8_gemms else "int8 GEMMs as converted")
         done = [gemm]
         done += [f"{c['u8_conv']} ConvInteger as uint8 x uint8"] if c.get("u8_conv") else []
+        done += [f"{c['u8_weights']} uint8-activation GEMMs with -128 weights on uint8 weights"] if c.get(
+            "u8_weights") else []
         done += [f"{c['bias_fold']} GEMM bias Adds folded into Requantize"] if c.get("bias_fold") else []
         done += [f"{c['patch_gemm']} patch ConvInteger as MatMulInteger"] if c.get("patch_gemm") else []
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
