@@ -18,6 +18,7 @@ from ivit_onnx import int8_gemms
 from ivit_onnx.engines.onnxruntime import compile_model
 from ivit_onnx.opset import gemm_probe, native_kernels, ort_library
 from ivit_onnx.runners import make_runner
+from tests.qemu import QEMU_X86, haswell
 
 needs_library = pytest.mark.skipif(not native_kernels.available(), reason="the native library was not built")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "arm"))
@@ -116,3 +117,17 @@ def test_probe_conv_forms_exact_here():
     option (onnxruntime's s8 -> u8 weight conversion does not touch ConvInteger)."""
     for precision in (False, True):
         assert not set(int8_gemms.CONV_FORMS) & set(gemm_probe.inexact(precision))
+
+
+@needs_library
+@pytest.mark.skipif(QEMU_X86 is None, reason="needs qemu-x86_64 (apt-get install qemu-user), an x86-64 host")
+def test_exact_on_an_emulated_cpu_without_vnni():
+    """The same checks as on ARM (tests/arm/exactness.py) on an emulated Haswell (AVX2, no VNNI), where
+    onnxruntime's uint8 x int8 kernel saturates and its int8 x uint8 ConvInteger is wrong."""
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys; sys.argv = ['x']; sys.path.insert(0, 'tests/arm'); import exactness; "
+            "exactness.convs()")
+    done = haswell(code, timeout=300, cwd=str(root))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and all(line.startswith("PASS ") for line in lines), done.stdout
