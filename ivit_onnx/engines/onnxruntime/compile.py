@@ -56,6 +56,7 @@ class Compiled:
                 if self.uint8_gemms else "int8 GEMMs as converted")
         done = [gemm]
         done += [f"{c['u8_conv']} ConvInteger as uint8 x uint8"] if c.get("u8_conv") else []
+        done += [f"{c['u8_copy']} int8 MatMulInteger operands as uint8 copies"] if c.get("u8_copy") else []
         done += [f"{c['u8_weights']} uint8-activation GEMMs with -128 weights on uint8 weights"] if c.get(
             "u8_weights") else []
         done += [f"{c['bias_fold']} GEMM bias Adds folded into Requantize"] if c.get("bias_fold") else []
@@ -100,6 +101,8 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, recoded, counts["u8_gemm"] = done.model, done.tensors, len(done.producers)
         if done.convs:
             counts["u8_conv"] = done.convs
+        if done.copies:
+            counts["u8_copy"] = done.copies
     if bias_fold:
         out, counts["bias_fold"] = fold_bias(out, keep=set(keep))
     if chain_fold:

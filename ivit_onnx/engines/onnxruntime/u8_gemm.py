@@ -24,7 +24,8 @@ its activation re-encoded as above or, where its producer cannot be (a Pad, a gr
 copy; its weights always moved by 128. Measured on onnxruntime 1.31 (ConvInteger takes all four type pairs
 and pads with the zero point): uint8 x uint8 is exact on AVX-512 VNNI, Haswell, Cortex-A72 and Cortex-A76 and
 ~4x faster than the int8 forms, while int8 x int8 wraps on a Cortex-A72 and int8 x uint8 is wrong there and
-on Haswell; ``session.x64quantprecision`` does not touch ConvInteger.
+on Haswell; ``session.x64quantprecision`` does not touch ConvInteger. A MatMulInteger operand left int8
+(its producer cannot be re-encoded) gets the same uint8 copy, so an artifact runs no int8 x int8 GEMM.
 :func:`decode` maps a re-encoded tensor back.
 """
 
@@ -62,6 +63,8 @@ class Recoded:
     producers: list[str] = field(default_factory=list)
     #: ConvIntegers now uint8 x uint8
     convs: int = 0
+    #: MatMulInteger operands fed through a uint8 copy (int8 producers that could not be re-encoded)
+    copies: int = 0
 
 
 def decode(name: str, value: np.ndarray, recoded: set[str]) -> np.ndarray:
@@ -243,6 +246,21 @@ def _uint8_convs(source: onnx.ModelProto, g: onnx.GraphProto, recoded: set[str],
     return len(convs)
 
 
+def _uint8_matmul_copies(source: onnx.ModelProto, g: onnx.GraphProto, uint8: set[str], inits: dict, const,
+                         int8_scalar) -> int:
+    """A uint8 copy of every int8 activation operand of a MatMulInteger that is still int8 (its producer could
+    not be re-encoded: a graph input, a zero point that cannot move): int8 x int8 wraps on ARM cores without a
+    dot product, and the uint8 forms are the ones the self-check judges for this artifact. Returns how many.
+    ``source``, the model before the re-encoding, types the activations."""
+    gemms = [n for n in g.node if n.op_type == "MatMulInteger" and n.domain in ("", "ai.onnx")]
+    types = _value_dtypes(source) if gemms else {}
+    todo = [(n, side) for n in gemms for side in (0, 1) if n.input[side] not in inits
+            and n.input[side] not in uint8 and types.get(n.input[side]) == np.int8]
+    for n, side in todo:
+        _uint8_copy(g, n, side, const, int8_scalar)
+    return len(todo)
+
+
 def recode(model: onnx.ModelProto) -> Recoded:
     """Re-encode every eligible int8 producer of a GEMM operand (see the module docstring)."""
     out = onnx.ModelProto()
@@ -296,6 +314,8 @@ def recode(model: onnx.ModelProto) -> Recoded:
         _uint8_copy(g, gemm, side, const, int8_scalar)
     result.convs = _uint8_convs(model, g, result.tensors, const, int8_scalar, inits)
     uint8 = result.tensors | {n.output[0] for n in g.node if n.name.endswith("_uint8")}
+    result.copies = _uint8_matmul_copies(model, g, uint8, inits, const, int8_scalar)
+    uint8 |= {n.output[0] for n in g.node if n.name.endswith("_uint8")}
     for n in g.node:
         if n.op_type == "MatMulInteger" and n.input[0] in uint8:
             _uint8_weights(g, n, inits)
