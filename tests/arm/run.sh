@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The exactness checks on emulated ARM64 CPUs (QEMU user mode on an x86-64 host): onnxruntime's 8-bit GEMMs,
-# the native kernels against numpy, and the bundled digits model's validate across the three backends.
+# the native kernels and the library's own GEMM (QGemm: NEON smlal on every core, sdot where the model has the
+# dot product) against numpy, and the bundled digits model's validate across the three backends.
 #
 # Installs what it needs from scratch (apt: qemu-user, the aarch64 cross compiler, Debian's arm64 Python 3.11
 # unpacked into a sysroot; pip: the cp311 aarch64 wheels), all cached under ~/.cache/ivit-arm so reruns only
@@ -78,11 +79,13 @@ for cpu in "${models[@]}"; do
   python3 tests/arm/cpuinfo.py "$cpu" >"$sysroot/proc/cpuinfo"
   t=$(date +%s)
   # GLIBC_TUNABLES: QEMU 7.2 loses guest heap pages when the heap grows into a host mapping (tests/qemu.py)
+  python=(qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$sysroot/usr/bin/python3.11")
+  # IVIT_GUEST_PYTHON: how a test starts Python in a subprocess (the guest runs the host's qemu-aarch64)
   guest=(env PYTHONPATH="$pkg:$site" IVIT_NATIVE_LIB="$lib" GLIBC_TUNABLES=glibc.malloc.top_pad=1073741824
-         qemu-aarch64 -cpu "$cpu" -L "$sysroot"
-         "$sysroot/usr/bin/python3.11")
-  # the native kernels against the numpy references (the project's own test file), then the rest
-  if ! (cd "$pkg" && "${guest[@]}" -m pytest -q -p no:cacheprovider tests/opset/test_native.py 2>&1 | tail -1 \
+         IVIT_GUEST_PYTHON="${python[*]}" "${python[@]}")
+  # the native kernels and QGemm against the numpy references (the project's own test files), then the rest
+  if ! (cd "$pkg" && "${guest[@]}" -m pytest -q -p no:cacheprovider -rfEs \
+          tests/opset/test_native.py tests/opset/test_qgemm.py 2>&1 | grep -E "^(SKIPPED|FAILED|ERROR)|passed|failed|error" \
         | sed "s/^/[$cpu] native kernels: /") \
      || ! "${guest[@]}" tests/arm/exactness.py --samples "${IVIT_ARM_SAMPLES:-32}" 2>&1 \
         | grep -v "^  \|^$\|^wrote\|^attach_functions\|^ivit_onnx.validate" | sed "s/^/[$cpu] /"; then
