@@ -13,10 +13,13 @@
 //   * aarch64 NEON (every ARMv8 core, e.g. Cortex-A72): smlal / smlal2, one int16 x int16 product widened into
 //     each int32 lane (a' = A sign- or zero-extended, za' = za), modular adds;
 //   * aarch64 dot product (asimddp: Cortex-A76, Neoverse-N1, Apple): sdot, int8 x int8 (a' = A for int8,
-//     A - 128 for uint8, za' likewise): four products of at most 128 * 128 into int32, modular adds.
+//     A - 128 for uint8, za' likewise): four products of at most 128 * 128 into int32, modular adds;
+//   * aarch64 i8mm (Neoverse-V1/N2, Cortex-A510/A710+, Apple M2+): smmla, the same encoding, a 2 x 8 block of
+//     rows times an 8 x 2 block of columns: eight products of at most 128 * 128 into each int32, modular adds.
 // B is packed once, at creation: for portable and AVX2 as int16 pairs in tiles of 16 columns
 // ([K/2][16][2]), for NEON as int16 rows ([K][16]), for VNNI and sdot as 4-byte groups in tiles of 48 and 16
-// columns ([K/4][nr][4]); K padded with zeros (NEON to 8, sdot to 16: the lanes of one A register).
+// columns ([K/4][nr][4]), for smmla as 8-byte groups ([K/8][16][8]: a pair of columns is one 2 x 8 operand);
+// K padded with zeros (NEON and smmla to 8, sdot to 16: the lanes of one A register).
 // Rows are split in chunks over the caller's pool (parallel.h) or over `threads` threads.
 
 #include "qgemm.h"
@@ -47,10 +50,14 @@
 // the sdot kernel only (ARMv8.2-A, as arm_neon.h declares sdot): the library itself stays at the baseline
 // ARMv8-A (setup.py adds no -march there), so it loads and runs on a Cortex-A72
 #define IVIT_T_DOT __attribute__((target("arch=armv8.2-a+dotprod")))
+#define IVIT_T_I8MM __attribute__((target("arch=armv8.2-a+i8mm")))
 #if defined(__linux__)
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
 #endif
 #elif defined(__APPLE__)
 #include <sys/sysctl.h>
@@ -62,8 +69,8 @@
 namespace {
 
 using i64 = int64_t;
-enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3, NEON = 4, DOTPROD = 5, LAST = DOTPROD };
-const char* const NAMES[] = {"auto", "portable", "avx2", "vnni", "neon", "dotprod"};  // IVIT_GEMM_ISA's
+enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3, NEON = 4, DOTPROD = 5, I8MM = 6, LAST = I8MM };
+const char* const NAMES[] = {"auto", "portable", "avx2", "vnni", "neon", "dotprod", "i8mm"};  // IVIT_GEMM_ISA's
 enum Out : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
 
 std::atomic<int> g_refused{0};  // bit per path the self-check refused (never picked by AUTO)
@@ -101,12 +108,25 @@ bool cpu_has(int isa) {
     return false;
 #endif
   }
+  if (isa == I8MM) {
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t len = sizeof(v);
+    return sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &len, nullptr, 0) == 0 && v;
+#else
+    return false;
+#endif
+  }
 #endif
   return false;
 }
 
-// the byte paths: A as one byte per value (VNNI, sdot); the others widen it to int16
-bool bytes(int isa) { return isa == VNNI || isa == DOTPROD; }
+// the byte paths: A as one byte per value (VNNI as uint8; sdot, smmla as int8); the others widen it to int16
+bool bytes(int isa) { return isa == VNNI || isa == DOTPROD || isa == I8MM; }
+bool signed_bytes(int isa) { return isa == DOTPROD || isa == I8MM; }
+bool arm(int isa) { return isa == NEON || isa == DOTPROD || isa == I8MM; }
 
 // The path AUTO means: IVIT_GEMM_ISA if set, else the best one this CPU has that the self-check did not refuse.
 int pick(int isa) {
@@ -117,7 +137,7 @@ int pick(int isa) {
       if (!std::strcmp(env, NAMES[p])) return p;
     return -1;
   }
-  for (int p : {VNNI, AVX2, DOTPROD, NEON})
+  for (int p : {VNNI, AVX2, I8MM, DOTPROD, NEON})
     if (cpu_has(p) && !(g_refused.load() & (1 << p))) return p;
   return PORTABLE;
 }
@@ -131,6 +151,7 @@ Layout layout(int isa) {
     case AVX2: return {16, 2, 6, 2};
     case NEON: return {16, 1, 4, 8};
     case DOTPROD: return {16, 4, 4, 16};
+    case I8MM: return {16, 8, 4, 8};
     default: return {16, 2, 4, 2};
   }
 }
@@ -140,7 +161,7 @@ struct QGemm {
   i64 k, n, kp, tiles, za_enc, zy, qmin, qmax;
   Layout lay;
   std::vector<int16_t> b16;  // portable, AVX2, NEON
-  std::vector<int8_t> b8;    // VNNI, sdot
+  std::vector<int8_t> b8;    // VNNI, sdot, smmla
   std::vector<int32_t> zb, corr, table;  // per column: zb, za' * colsum - K * za' * zb (mod 2**32)
   std::vector<i64> zx, mult, half, shift;
   // the vector epilogue's (where every multiplier is an int32 and qmin, qmax are int32), per column padded to
@@ -315,6 +336,32 @@ IVIT_T_DOT void micro_dot(const int8_t* a, i64 lda, i64 klen, const int8_t* b, i
 #undef IVIT_STORE
 #undef IVIT_ZERO
 #undef IVIT_ROWS
+
+// 4 rows x 16 columns as 2 x 2 blocks: c<p><q> holds rows 2p, 2p+1 by columns 2q, 2q+1 (row-major); per 8 k,
+// the A operand of rows 2p, 2p+1 is their 8 bytes side by side, the B operand of columns 2q, 2q+1 the packed
+// 16 bytes (smmla)
+#define IVIT_PAIRS(X, p) X(p, 0) X(p, 1) X(p, 2) X(p, 3) X(p, 4) X(p, 5) X(p, 6) X(p, 7)
+#define IVIT_ZERO(p, q)                                                                      \
+  int32x4_t c##p##q = add ? vcombine_s32(vld1_s32(out + 2 * p * 16 + 2 * q),                  \
+                                         vld1_s32(out + (2 * p + 1) * 16 + 2 * q))           \
+                          : vdupq_n_s32(0);
+#define IVIT_MAC(p, q) c##p##q = vmmlaq_s32(c##p##q, a##p, vld1q_s8(b + 16 * q));
+#define IVIT_STORE(p, q)                                          \
+  vst1_s32(out + 2 * p * 16 + 2 * q, vget_low_s32(c##p##q));      \
+  vst1_s32(out + (2 * p + 1) * 16 + 2 * q, vget_high_s32(c##p##q));
+IVIT_T_I8MM void micro_i8mm(const int8_t* a, i64 lda, i64 klen, const int8_t* b, int32_t* out, bool add) {
+  IVIT_PAIRS(IVIT_ZERO, 0) IVIT_PAIRS(IVIT_ZERO, 1)
+  for (i64 k = 0; k < klen; k += 8, b += 128) {  // klen: a multiple of 8 (kalign)
+    const int8x16_t a0 = vcombine_s8(vld1_s8(a + k), vld1_s8(a + lda + k));
+    const int8x16_t a1 = vcombine_s8(vld1_s8(a + 2 * lda + k), vld1_s8(a + 3 * lda + k));
+    IVIT_PAIRS(IVIT_MAC, 0) IVIT_PAIRS(IVIT_MAC, 1)
+  }
+  IVIT_PAIRS(IVIT_STORE, 0) IVIT_PAIRS(IVIT_STORE, 1)
+}
+#undef IVIT_STORE
+#undef IVIT_MAC
+#undef IVIT_ZERO
+#undef IVIT_PAIRS
 #endif
 
 // ------------------------------------------------------------------------------------------------ epilogue
@@ -477,7 +524,7 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
   int32_t rowsum[MC];
   alignas(64) int32_t tile[MC * 48];  // the chunk's accumulators of one tile
   // pack the rows of A as the path wants them (zero rows and zero k past the end) and sum them
-  const bool byte = bytes(g.isa), signed_bytes = g.isa == DOTPROD;  // a' as uint8 (VNNI) or int8 (sdot)
+  const bool byte = bytes(g.isa), sbytes = signed_bytes(g.isa);  // a' as uint8 (VNNI) or int8 (sdot, smmla)
   // only the padding needs zeros: the k past K of each row, and the rows past the last
   if (byte) a8.resize(padded * kp); else a16.resize(padded * kp);
   uint8_t* __restrict p8 = a8.data();
@@ -485,13 +532,13 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
   const i64 k = g.k;
   // rows already in the path's encoding (VNNI: uint8, sdot: int8), K a multiple of kalign, are read in place
   // (but for a last, partial block of rows); the others are re-encoded by flipping bit 7 (+-128)
-  const bool flip = byte && g.a_code == (signed_bytes ? 1 : 0);
+  const bool flip = byte && g.a_code == (sbytes ? 1 : 0);
   const bool direct = byte && !flip && kp == k;
   const i64 in_place = direct ? rows / L.mr * L.mr : 0;
   const uint8_t* a_rows = static_cast<const uint8_t*>(a_raw) + m0 * k;
-  auto byte_sum = [signed_bytes](const uint8_t* v, i64 n) {
+  auto byte_sum = [sbytes](const uint8_t* v, i64 n) {
     int32_t s = 0;
-    if (signed_bytes)
+    if (sbytes)
       for (i64 j = 0; j < n; ++j) s += static_cast<int8_t>(v[j]);
     else
       for (i64 j = 0; j < n; ++j) s += v[j];
@@ -550,6 +597,10 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
           case DOTPROD:
             micro_dot(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen,
                       g.b8.data() + (t * kp + k0) * 16, out, k0 > 0);
+            break;
+          case I8MM:
+            micro_i8mm(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen,
+                       g.b8.data() + (t * kp + k0) * 16, out, k0 > 0);
             break;
 #endif
           default:
@@ -657,7 +708,8 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
     *err = why;
     return nullptr;
   };
-  if (isa < PORTABLE || isa > LAST) return fail("IVIT_GEMM_ISA must be portable, avx2, vnni, neon or dotprod");
+  if (isa < PORTABLE || isa > LAST)
+    return fail("IVIT_GEMM_ISA must be portable, avx2, vnni, neon, dotprod or i8mm");
   if (!cpu_has(isa)) return fail("this CPU lacks the instruction set of the GEMM path asked for");
   if (a_code != 0 && a_code != 1) return fail("A must be int8 or uint8");
   if (out_code < I8 || out_code > I32) return fail("the output must be int8, uint8, int16 or int32");
@@ -671,7 +723,7 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
   g->isa = isa, g->a_code = a_code, g->out_code = out_code, g->k = k, g->n = n, g->lay = layout(isa);
   g->kp = (k + g->lay.kalign - 1) / g->lay.kalign * g->lay.kalign;
   g->tiles = (n + g->lay.nr - 1) / g->lay.nr;
-  g->za_enc = isa == VNNI && a_code == 0 ? za + 128 : (isa == DOTPROD && a_code == 1 ? za - 128 : za);
+  g->za_enc = isa == VNNI && a_code == 0 ? za + 128 : (signed_bytes(isa) && a_code == 1 ? za - 128 : za);
   g->zy = zy, g->qmin = qmin, g->qmax = qmax;
   const i64 nr = g->lay.nr, kstep = g->lay.kstep, kp = g->kp;
   if (bytes(isa)) g->b8.assign(g->tiles * kp * nr, 0); else g->b16.assign(g->tiles * kp * nr, 0);
@@ -707,8 +759,7 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
   for (i64 j = 0; j < padded; ++j) {
     const i64 c = g->shift[j];
     const uint64_t zxb = static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j]);
-    const bool arm = isa == NEON || isa == DOTPROD;
-    g->off.push_back(static_cast<i64>((static_cast<uint64_t>(g->half[j]) ^ (arm ? 0 : uint64_t(1) << 63)) - zxb));
+    g->off.push_back(static_cast<i64>((static_cast<uint64_t>(g->half[j]) ^ (arm(isa) ? 0 : uint64_t(1) << 63)) - zxb));
     g->zs.push_back(static_cast<i64>(static_cast<uint64_t>(zy) - (uint64_t(1) << (63 - c))));
   }
   return g.release();
@@ -739,7 +790,7 @@ std::string check_qgemm() {
     const char* fault = std::getenv("IVIT_GEMM_PROBE_FAULT");
     const bool faulty = fault && !std::strcmp(fault, "qgemm");
     std::string out;
-    for (int isa : {VNNI, AVX2, DOTPROD, NEON, PORTABLE}) {
+    for (int isa : {VNNI, AVX2, I8MM, DOTPROD, NEON, PORTABLE}) {
       if (!cpu_has(isa)) continue;
       std::string why;
       for (int a_code : {0, 1})

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The exactness checks on emulated ARM64 CPUs (QEMU user mode on an x86-64 host): onnxruntime's 8-bit GEMMs,
 # the native kernels and the library's own GEMM (QGemm: NEON smlal on every core, sdot where the model has the
-# dot product) against numpy, and the bundled digits model's validate across the three backends.
+# dot product) against numpy, and the bundled digits model's validate across the three backends; then QGemm's
+# i8mm (smmla) path alone on QEMU's max core (no Cortex model of QEMU 7.2 has i8mm).
 #
 # Installs what it needs from scratch (apt: qemu-user, the aarch64 cross compiler, Debian's arm64 Python 3.11
 # unpacked into a sysroot; pip: the cp311 aarch64 wheels), all cached under ~/.cache/ivit-arm so reruns only
-# run the checks. No torch. Usage: tests/arm/run.sh [CPU model ...] (default: cortex-a72 cortex-a76).
+# run the checks. No torch. Usage: tests/arm/run.sh [CPU model ...] (default: cortex-a72 cortex-a76);
+# IVIT_ARM_I8MM= (empty) skips the i8mm step.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -93,4 +95,19 @@ for cpu in "${models[@]}"; do
   fi
   echo "arm64 $cpu: $(( $(date +%s) - t )) s"
 done
+
+# 6. QGemm's smmla path and the self-check's probe of it, on a core with i8mm
+i8mm=${IVIT_ARM_I8MM-max}
+if [ -n "$i8mm" ]; then
+  python3 tests/arm/cpuinfo.py "$i8mm" >"$sysroot/proc/cpuinfo"
+  t=$(date +%s)
+  python=(qemu-aarch64 -cpu "$i8mm" -L "$sysroot" "$sysroot/usr/bin/python3.11")
+  if ! (cd "$pkg" && env PYTHONPATH="$pkg:$site" IVIT_NATIVE_LIB="$lib" GLIBC_TUNABLES=glibc.malloc.top_pad=1073741824 \
+          IVIT_GUEST_PYTHON="${python[*]}" "${python[@]}" -m pytest -q -p no:cacheprovider -rfE \
+          tests/opset/test_qgemm.py -k "i8mm or self_check" 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|error" \
+        | sed "s/^/[$i8mm] QGemm i8mm: /"); then
+    status=1
+  fi
+  echo "arm64 $i8mm (i8mm): $(( $(date +%s) - t )) s"
+fi
 exit $status
