@@ -47,8 +47,8 @@
 #if defined(__aarch64__) && defined(__GNUC__)
 #define IVIT_QGEMM_ARM 1
 #include <arm_neon.h>
-// the sdot kernel only (ARMv8.2-A, as arm_neon.h declares sdot): the library itself stays at the baseline
-// ARMv8-A (setup.py adds no -march there), so it loads and runs on a Cortex-A72
+// the sdot and smmla kernels only (ARMv8.2-A with the extension, as arm_neon.h declares them): the library
+// itself stays at the baseline ARMv8-A (setup.py adds no -march there), so it loads and runs on a Cortex-A72
 #define IVIT_T_DOT __attribute__((target("arch=armv8.2-a+dotprod")))
 #define IVIT_T_I8MM __attribute__((target("arch=armv8.2-a+i8mm")))
 #if defined(__linux__)
@@ -530,8 +530,8 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
   uint8_t* __restrict p8 = a8.data();
   int16_t* __restrict p16 = a16.data();
   const i64 k = g.k;
-  // rows already in the path's encoding (VNNI: uint8, sdot: int8), K a multiple of kalign, are read in place
-  // (but for a last, partial block of rows); the others are re-encoded by flipping bit 7 (+-128)
+  // rows already in the path's encoding (VNNI: uint8, sdot and smmla: int8), K a multiple of kalign, are read
+  // in place (but for a last, partial block of rows); the others are re-encoded by flipping bit 7 (+-128)
   const bool flip = byte && g.a_code == (sbytes ? 1 : 0);
   const bool direct = byte && !flip && kp == k;
   const i64 in_place = direct ? rows / L.mr * L.mr : 0;
