@@ -4,11 +4,12 @@ instruction-set path, and the onnxruntime engine with and without it on DeiT mod
     python benchmarks/bench_qgemm.py [--kernel] [--model deit_tiny,deit_small] [--batch 8] [--threads 2]
                                      [--iters 10] [--out DIR]
 
-``--kernel``: each path this CPU has (portable, AVX2 ``vpmaddwd``, AVX-512 VNNI ``vpdpbusd``) on DeiT's GEMM
-shapes (rows = batch * 197 tokens), one thread, through the C entry points: GMAC/s (the epilogue included),
-with onnxruntime's MatMulInteger (uint8 x int8, one thread, int32 out, no Requantize) on the same shape for
-scale. ``--model``: the engine's session on ``int.onnx`` (built as ``bench_validate.py`` builds it) with the
-compile step's QGemm fusion on and off, interleaved with onnxruntime FP32; the two must give the same bits.
+``--kernel``: each path this CPU has (portable, AVX2 ``vpmaddwd``, AVX-512 VNNI ``vpdpbusd``, aarch64 NEON
+``smlal``, ``sdot``, i8mm ``smmla``) on DeiT's GEMM shapes (rows = batch * 197 tokens), one thread, through
+the C entry points: GMAC/s (the epilogue included), with onnxruntime's MatMulInteger (uint8 x int8, one
+thread, int32 out, no Requantize) on the same shape for scale. ``--model``: the engine's session on
+``int.onnx`` (built as ``bench_validate.py`` builds it) with the compile step's QGemm fusion on and off,
+interleaved with onnxruntime FP32; the two must give the same bits.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ivit_onnx.engines.onnxruntime import InferenceSession
 from ivit_onnx.engines.onnxruntime.session import session_options
 from ivit_onnx.opset import native_kernels
 
-ISAS = {"portable": 1, "avx2": 2, "vnni": 3}
+ISAS = {"portable": 1, "avx2": 2, "vnni": 3, "neon": 4, "dotprod": 5, "i8mm": 6}
 #: (K, N) of a DeiT block's GEMMs: qkv, proj, fc1, fc2
 SHAPES = {"deit_tiny": [(192, 576), (192, 192), (192, 768), (768, 192)],
           "deit_small": [(384, 1152), (384, 384), (384, 1536), (1536, 384)]}

@@ -9,9 +9,17 @@
 //   * AVX2: vpmaddwd on int16 pairs (a' = A sign- or zero-extended, za' = za): a pair sums to at most
 //     2 * 255 * 128 < 2**31, then vpaddd wraps;
 //   * AVX-512 VNNI: vpdpbusd, uint8 x int8 (a' = A for uint8, A + 128 for int8, za' likewise): four products of
-//     at most 255 * 128 summed into int32 (vpdpbusd, not the saturating vpdpbusds).
+//     at most 255 * 128 summed into int32 (vpdpbusd, not the saturating vpdpbusds);
+//   * aarch64 NEON (every ARMv8 core, e.g. Cortex-A72): smlal / smlal2, one int16 x int16 product widened into
+//     each int32 lane (a' = A sign- or zero-extended, za' = za), modular adds;
+//   * aarch64 dot product (asimddp: Cortex-A76, Neoverse-N1, Apple): sdot, int8 x int8 (a' = A for int8,
+//     A - 128 for uint8, za' likewise): four products of at most 128 * 128 into int32, modular adds;
+//   * aarch64 i8mm (Neoverse-V1/N2, Cortex-A510/A710+, Apple M2+): smmla, the same encoding, a 2 x 8 block of
+//     rows times an 8 x 2 block of columns: eight products of at most 128 * 128 into each int32, modular adds.
 // B is packed once, at creation: for portable and AVX2 as int16 pairs in tiles of 16 columns
-// ([K/2][16][2]), for VNNI as 4-byte groups in tiles of 48 columns ([K/4][48][4]); K padded with zeros.
+// ([K/2][16][2]), for NEON as int16 rows ([K][16]), for VNNI and sdot as 4-byte groups in tiles of 48 and 16
+// columns ([K/4][nr][4]), for smmla as 8-byte groups ([K/8][16][8]: a pair of columns is one 2 x 8 operand);
+// K padded with zeros (NEON and smmla to 8, sdot to 16: the lanes of one A register).
 // Rows are split in chunks over the caller's pool (parallel.h) or over `threads` threads.
 
 #include "qgemm.h"
@@ -36,10 +44,33 @@
 #define IVIT_QGEMM_X86 0
 #endif
 
+#if defined(__aarch64__) && defined(__GNUC__)
+#define IVIT_QGEMM_ARM 1
+#include <arm_neon.h>
+// the sdot and smmla kernels only (ARMv8.2-A with the extension, as arm_neon.h declares them): the library
+// itself stays at the baseline ARMv8-A (setup.py adds no -march there), so it loads and runs on a Cortex-A72
+#define IVIT_T_DOT __attribute__((target("arch=armv8.2-a+dotprod")))
+#define IVIT_T_I8MM __attribute__((target("arch=armv8.2-a+i8mm")))
+#if defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+#else
+#define IVIT_QGEMM_ARM 0
+#endif
+
 namespace {
 
 using i64 = int64_t;
-enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3 };
+enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3, NEON = 4, DOTPROD = 5, I8MM = 6, LAST = I8MM };
+const char* const NAMES[] = {"auto", "portable", "avx2", "vnni", "neon", "dotprod", "i8mm"};  // IVIT_GEMM_ISA's
 enum Out : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
 
 std::atomic<int> g_refused{0};  // bit per path the self-check refused (never picked by AUTO)
@@ -64,39 +95,78 @@ bool cpu_has(int isa) {
            __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
 #endif
+#if IVIT_QGEMM_ARM
+  if (isa == NEON) return true;  // Advanced SIMD is part of every ARMv8-A core
+  if (isa == DOTPROD) {
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t len = sizeof(v);
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, nullptr, 0) == 0 && v;
+#else
+    return false;
+#endif
+  }
+  if (isa == I8MM) {
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t len = sizeof(v);
+    return sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &len, nullptr, 0) == 0 && v;
+#else
+    return false;
+#endif
+  }
+#endif
   return false;
 }
+
+// the byte paths: A as one byte per value (VNNI as uint8; sdot, smmla as int8); the others widen it to int16
+bool bytes(int isa) { return isa == VNNI || isa == DOTPROD || isa == I8MM; }
+bool signed_bytes(int isa) { return isa == DOTPROD || isa == I8MM; }
+bool arm(int isa) { return isa == NEON || isa == DOTPROD || isa == I8MM; }
 
 // The path AUTO means: IVIT_GEMM_ISA if set, else the best one this CPU has that the self-check did not refuse.
 int pick(int isa) {
   if (isa != AUTO) return isa;
   const char* env = std::getenv("IVIT_GEMM_ISA");
   if (env && *env) {
-    if (!std::strcmp(env, "portable")) return PORTABLE;
-    if (!std::strcmp(env, "avx2")) return AVX2;
-    if (!std::strcmp(env, "vnni")) return VNNI;
+    for (int p = PORTABLE; p <= LAST; ++p)
+      if (!std::strcmp(env, NAMES[p])) return p;
     return -1;
   }
-  for (int p : {VNNI, AVX2})
+  for (int p : {VNNI, AVX2, I8MM, DOTPROD, NEON})
     if (cpu_has(p) && !(g_refused.load() & (1 << p))) return p;
   return PORTABLE;
 }
 
 struct Layout {
-  int nr, kstep, mr;  // columns per tile, k per group, rows per micro-kernel call
+  int nr, kstep, mr, kalign;  // columns per tile, k per group, rows per micro-kernel call, K padded to
 };
-Layout layout(int isa) { return isa == VNNI ? Layout{48, 4, 8} : Layout{16, 2, isa == AVX2 ? 6 : 4}; }
+Layout layout(int isa) {
+  switch (isa) {
+    case VNNI: return {48, 4, 8, 4};
+    case AVX2: return {16, 2, 6, 2};
+    case NEON: return {16, 1, 4, 8};
+    case DOTPROD: return {16, 4, 4, 16};
+    case I8MM: return {16, 8, 4, 8};
+    default: return {16, 2, 4, 2};
+  }
+}
 
 struct QGemm {
   int isa, a_code, out_code;
   i64 k, n, kp, tiles, za_enc, zy, qmin, qmax;
   Layout lay;
-  std::vector<int16_t> b16;  // portable, AVX2
-  std::vector<int8_t> b8;    // VNNI
+  std::vector<int16_t> b16;  // portable, AVX2, NEON
+  std::vector<int8_t> b8;    // VNNI, sdot, smmla
   std::vector<int32_t> zb, corr, table;  // per column: zb, za' * colsum - K * za' * zb (mod 2**32)
   std::vector<i64> zx, mult, half, shift;
   // the vector epilogue's (where every multiplier is an int32 and qmin, qmax are int32), per column padded to
-  // whole tiles: off = (h ^ 2**63) - zx * b and zs = zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy)
+  // whole tiles: off = (h ^ 2**63) - zx * b and zs = zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy);
+  // on aarch64 (an arithmetic shift by a vector of counts) off = h - zx * b
   bool fast = false, zb_zero = false;
   alignas(64) uint8_t tab8[256] = {};  // the table as bytes, for byte outputs with VBMI (vbmi_table)
   bool vbmi_table = false;
@@ -185,6 +255,113 @@ IVIT_T_VNNI void micro_vnni(const uint8_t* a, i64 lda, i64 klen, const int8_t* b
 #undef IVIT_STORE
 }
 #undef IVIT_ROWS
+#endif
+
+#if IVIT_QGEMM_ARM
+// 4 rows x 16 columns, each row's accumulators c<r>0..c<r>3 holding columns 0-3, 4-7, 8-11, 12-15.
+#define IVIT_ROWS(X) X(0) X(1) X(2) X(3)
+#define IVIT_ZERO(r)                                                          \
+  int32x4_t c##r##0 = add ? vld1q_s32(out + r * 16) : vdupq_n_s32(0);          \
+  int32x4_t c##r##1 = add ? vld1q_s32(out + r * 16 + 4) : vdupq_n_s32(0);      \
+  int32x4_t c##r##2 = add ? vld1q_s32(out + r * 16 + 8) : vdupq_n_s32(0);      \
+  int32x4_t c##r##3 = add ? vld1q_s32(out + r * 16 + 12) : vdupq_n_s32(0);
+#define IVIT_STORE(r)                     \
+  vst1q_s32(out + r * 16, c##r##0);       \
+  vst1q_s32(out + r * 16 + 4, c##r##1);   \
+  vst1q_s32(out + r * 16 + 8, c##r##2);   \
+  vst1q_s32(out + r * 16 + 12, c##r##3);
+#define IVIT_ACC(r) c##r##0, c##r##1, c##r##2, c##r##3
+
+// k = L of 8: the 16 int16 weights b0, b1 times lane L of the row's int16 a, widened into int32 (smlal, smlal2)
+template <int L>
+inline __attribute__((always_inline)) void mac_neon(int32x4_t& c0, int32x4_t& c1, int32x4_t& c2, int32x4_t& c3,
+                                                    int16x8_t b0, int16x8_t b1, int16x8_t a) {
+  c0 = vmlal_laneq_s16(c0, vget_low_s16(b0), a, L);
+  c1 = vmlal_high_laneq_s16(c1, b0, a, L);
+  c2 = vmlal_laneq_s16(c2, vget_low_s16(b1), a, L);
+  c3 = vmlal_high_laneq_s16(c3, b1, a, L);
+}
+
+void micro_neon(const int16_t* a, i64 lda, i64 klen, const int16_t* b, int32_t* out, bool add) {
+  IVIT_ROWS(IVIT_ZERO)
+  for (i64 k = 0; k < klen; k += 8, b += 128) {  // klen: a multiple of 8 (kalign)
+    const int16x8_t a0 = vld1q_s16(a + k), a1 = vld1q_s16(a + lda + k);
+    const int16x8_t a2 = vld1q_s16(a + 2 * lda + k), a3 = vld1q_s16(a + 3 * lda + k);
+#define IVIT_K(l)                                                                      \
+  {                                                                                    \
+    const int16x8_t b0 = vld1q_s16(b + (l) * 16), b1 = vld1q_s16(b + (l) * 16 + 8);   \
+    mac_neon<l>(IVIT_ACC(0), b0, b1, a0);                                              \
+    mac_neon<l>(IVIT_ACC(1), b0, b1, a1);                                              \
+    mac_neon<l>(IVIT_ACC(2), b0, b1, a2);                                              \
+    mac_neon<l>(IVIT_ACC(3), b0, b1, a3);                                              \
+  }
+    IVIT_K(0) IVIT_K(1) IVIT_K(2) IVIT_K(3) IVIT_K(4) IVIT_K(5) IVIT_K(6) IVIT_K(7)
+#undef IVIT_K
+  }
+  IVIT_ROWS(IVIT_STORE)
+}
+
+// k group L of 4 (16 bytes of a row): 16 columns' 4-byte groups b0..b3 dotted with the row's group L (sdot)
+template <int L>
+IVIT_T_DOT inline __attribute__((always_inline)) void mac_dot(int32x4_t& c0, int32x4_t& c1, int32x4_t& c2,
+                                                             int32x4_t& c3, int8x16_t b0, int8x16_t b1,
+                                                             int8x16_t b2, int8x16_t b3, int8x16_t a) {
+  c0 = vdotq_laneq_s32(c0, b0, a, L);
+  c1 = vdotq_laneq_s32(c1, b1, a, L);
+  c2 = vdotq_laneq_s32(c2, b2, a, L);
+  c3 = vdotq_laneq_s32(c3, b3, a, L);
+}
+
+IVIT_T_DOT void micro_dot(const int8_t* a, i64 lda, i64 klen, const int8_t* b, int32_t* out, bool add) {
+  IVIT_ROWS(IVIT_ZERO)
+  for (i64 k = 0; k < klen; k += 16, b += 256) {  // klen: a multiple of 16 (kalign)
+    const int8x16_t a0 = vld1q_s8(a + k), a1 = vld1q_s8(a + lda + k);
+    const int8x16_t a2 = vld1q_s8(a + 2 * lda + k), a3 = vld1q_s8(a + 3 * lda + k);
+#define IVIT_K(l)                                                                                \
+  {                                                                                              \
+    const int8_t* bl = b + (l) * 64;                                                             \
+    const int8x16_t b0 = vld1q_s8(bl), b1 = vld1q_s8(bl + 16), b2 = vld1q_s8(bl + 32);          \
+    const int8x16_t b3 = vld1q_s8(bl + 48);                                                      \
+    mac_dot<l>(IVIT_ACC(0), b0, b1, b2, b3, a0);                                                 \
+    mac_dot<l>(IVIT_ACC(1), b0, b1, b2, b3, a1);                                                 \
+    mac_dot<l>(IVIT_ACC(2), b0, b1, b2, b3, a2);                                                 \
+    mac_dot<l>(IVIT_ACC(3), b0, b1, b2, b3, a3);                                                 \
+  }
+    IVIT_K(0) IVIT_K(1) IVIT_K(2) IVIT_K(3)
+#undef IVIT_K
+  }
+  IVIT_ROWS(IVIT_STORE)
+}
+#undef IVIT_ACC
+#undef IVIT_STORE
+#undef IVIT_ZERO
+#undef IVIT_ROWS
+
+// 4 rows x 16 columns as 2 x 2 blocks: c<p><q> holds rows 2p, 2p+1 by columns 2q, 2q+1 (row-major); per 8 k,
+// the A operand of rows 2p, 2p+1 is their 8 bytes side by side, the B operand of columns 2q, 2q+1 the packed
+// 16 bytes (smmla)
+#define IVIT_PAIRS(X, p) X(p, 0) X(p, 1) X(p, 2) X(p, 3) X(p, 4) X(p, 5) X(p, 6) X(p, 7)
+#define IVIT_ZERO(p, q)                                                                      \
+  int32x4_t c##p##q = add ? vcombine_s32(vld1_s32(out + 2 * p * 16 + 2 * q),                  \
+                                         vld1_s32(out + (2 * p + 1) * 16 + 2 * q))           \
+                          : vdupq_n_s32(0);
+#define IVIT_MAC(p, q) c##p##q = vmmlaq_s32(c##p##q, a##p, vld1q_s8(b + 16 * q));
+#define IVIT_STORE(p, q)                                          \
+  vst1_s32(out + 2 * p * 16 + 2 * q, vget_low_s32(c##p##q));      \
+  vst1_s32(out + (2 * p + 1) * 16 + 2 * q, vget_high_s32(c##p##q));
+IVIT_T_I8MM void micro_i8mm(const int8_t* a, i64 lda, i64 klen, const int8_t* b, int32_t* out, bool add) {
+  IVIT_PAIRS(IVIT_ZERO, 0) IVIT_PAIRS(IVIT_ZERO, 1)
+  for (i64 k = 0; k < klen; k += 8, b += 128) {  // klen: a multiple of 8 (kalign)
+    const int8x16_t a0 = vcombine_s8(vld1_s8(a + k), vld1_s8(a + lda + k));
+    const int8x16_t a1 = vcombine_s8(vld1_s8(a + 2 * lda + k), vld1_s8(a + 3 * lda + k));
+    IVIT_PAIRS(IVIT_MAC, 0) IVIT_PAIRS(IVIT_MAC, 1)
+  }
+  IVIT_PAIRS(IVIT_STORE, 0) IVIT_PAIRS(IVIT_STORE, 1)
+}
+#undef IVIT_STORE
+#undef IVIT_MAC
+#undef IVIT_ZERO
+#undef IVIT_PAIRS
 #endif
 
 // ------------------------------------------------------------------------------------------------ epilogue
@@ -288,6 +465,31 @@ IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum
 }
 #endif
 
+#if IVIT_QGEMM_ARM
+// v[0..cols) (cols a multiple of 4) clipped to qmin..qmax, as epilogue() computes them: acc * b + off with one
+// widening multiply-add (smlal, mod 2**64 as the scalar int64 arithmetic), an arithmetic shift (sshl by -c),
+// + zy, the clip on int64, then narrowed (qmin, qmax being int32)
+void rescale_neon(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, int32_t* v) {
+  const int32x4_t rs = vdupq_n_s32(rowsum);
+  const int64x2_t lo = vdupq_n_s64(g.qmin), hi = vdupq_n_s64(g.qmax), zy = vdupq_n_s64(g.zy);
+  for (i64 j = 0; j < cols; j += 4) {
+    const i64 n = n0 + j;
+    int32x4_t acc = vsubq_s32(vld1q_s32(dot + j), vld1q_s32(&g.corr[n]));
+    acc = vmlsq_s32(acc, vld1q_s32(&g.zb[n]), rs);
+    int32x2_t part[2];
+    for (int half = 0; half < 2; ++half) {
+      const i64 m = n + 2 * half;
+      const int32x2_t b = vmovn_s64(vld1q_s64(&g.mult[m]));
+      int64x2_t t = vmlal_s32(vld1q_s64(&g.off[m]), half ? vget_high_s32(acc) : vget_low_s32(acc), b);
+      t = vaddq_s64(vshlq_s64(t, vnegq_s64(vld1q_s64(&g.shift[m]))), zy);
+      t = vbslq_s64(vcgtq_s64(t, hi), hi, t);
+      part[half] = vmovn_s64(vbslq_s64(vcltq_s64(t, lo), lo, t));
+    }
+    vst1q_s32(v + j, vcombine_s32(part[0], part[1]));
+  }
+}
+#endif
+
 // epilogue through the vector rescale: v, then the cast (or the table), which the compiler vectorizes
 template <class TO>
 void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* __restrict y) {
@@ -295,6 +497,9 @@ void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i
 #if IVIT_QGEMM_X86
   if (g.isa == VNNI) return epilogue_avx512(g, dot, rowsum, n0, cols, y);
   rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v);
+#endif
+#if IVIT_QGEMM_ARM
+  rescale_neon(g, dot, rowsum, n0, g.lay.nr, v);
 #endif
   if (g.table.empty()) {
     for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
@@ -319,36 +524,45 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
   int32_t rowsum[MC];
   alignas(64) int32_t tile[MC * 48];  // the chunk's accumulators of one tile
   // pack the rows of A as the path wants them (zero rows and zero k past the end) and sum them
-  const bool vnni = g.isa == VNNI;
+  const bool byte = bytes(g.isa), sbytes = signed_bytes(g.isa);  // a' as uint8 (VNNI) or int8 (sdot, smmla)
   // only the padding needs zeros: the k past K of each row, and the rows past the last
-  if (vnni) a8.resize(padded * kp); else a16.resize(padded * kp);
+  if (byte) a8.resize(padded * kp); else a16.resize(padded * kp);
   uint8_t* __restrict p8 = a8.data();
   int16_t* __restrict p16 = a16.data();
   const i64 k = g.k;
-  // uint8 rows with K a multiple of 4 are read in place by VNNI (but for a last, partial block of rows)
-  const bool direct = vnni && g.a_code == 1 && kp == k;
+  // rows already in the path's encoding (VNNI: uint8, sdot and smmla: int8), K a multiple of kalign, are read
+  // in place (but for a last, partial block of rows); the others are re-encoded by flipping bit 7 (+-128)
+  const bool flip = byte && g.a_code == (sbytes ? 1 : 0);
+  const bool direct = byte && !flip && kp == k;
   const i64 in_place = direct ? rows / L.mr * L.mr : 0;
   const uint8_t* a_rows = static_cast<const uint8_t*>(a_raw) + m0 * k;
+  auto byte_sum = [sbytes](const uint8_t* v, i64 n) {
+    int32_t s = 0;
+    if (sbytes)
+      for (i64 j = 0; j < n; ++j) s += static_cast<int8_t>(v[j]);
+    else
+      for (i64 j = 0; j < n; ++j) s += v[j];
+    return s;
+  };
   for (i64 r = 0; r < padded; ++r) {
     uint8_t* d8 = p8 + r * kp;
     int16_t* d16 = p16 + r * kp;
     if (r >= rows) {
-      if (vnni) std::memset(d8, 0, kp); else std::memset(d16, 0, kp * 2);
+      if (byte) std::memset(d8, 0, kp); else std::memset(d16, 0, kp * 2);
       continue;
     }
     int32_t s = 0;  // the row sums only matter where zb is not 0
     if (r < in_place) {
-      if (!g.zb_zero)
-        for (i64 j = 0; j < k; ++j) s += a_rows[r * k + j];
-    } else if (vnni) {
-      if (g.a_code == 0) {
-        const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;  // int8 bits; ^ 0x80 adds 128
+      if (!g.zb_zero) s = byte_sum(a_rows + r * k, k);
+    } else if (byte) {
+      const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;
+      if (flip) {
         for (i64 j = 0; j < k; ++j) d8[j] = src[j] ^ 0x80;
       } else {
-        std::memcpy(d8, static_cast<const uint8_t*>(a_raw) + (m0 + r) * k, k);
+        std::memcpy(d8, src, k);
       }
       for (i64 j = k; j < kp; ++j) d8[j] = 0;
-      for (i64 j = 0; j < k; ++j) s += d8[j];
+      s = byte_sum(d8, k);
     } else {
       if (g.a_code == 0) {
         const int8_t* src = static_cast<const int8_t*>(a_raw) + (m0 + r) * k;
@@ -377,6 +591,17 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
                        k0 > 0);
             break;
           case AVX2: micro_avx2(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
+#endif
+#if IVIT_QGEMM_ARM
+          case NEON: micro_neon(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
+          case DOTPROD:
+            micro_dot(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen,
+                      g.b8.data() + (t * kp + k0) * 16, out, k0 > 0);
+            break;
+          case I8MM:
+            micro_i8mm(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen,
+                       g.b8.data() + (t * kp + k0) * 16, out, k0 > 0);
+            break;
 #endif
           default:
             micro_portable<4>(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0);
@@ -467,7 +692,12 @@ std::string probe(int isa, int a_code) {
 
 extern "C" {
 
-int ivit_qgemm_supported(int isa) { return isa >= PORTABLE && isa <= VNNI && cpu_has(isa) ? 1 : 0; }
+int ivit_qgemm_supported(int isa) { return isa >= PORTABLE && isa <= LAST && cpu_has(isa) ? 1 : 0; }
+
+int ivit_qgemm_usable(int isa) {
+  ivit::check_qgemm();
+  return ivit_qgemm_supported(isa) && !(g_refused.load() & (1 << isa)) ? 1 : 0;
+}
 
 void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t* b, const int64_t* zb, int64_t nzb,
                         int64_t za, const int64_t* zx, const int64_t* mult, const int64_t* shift, int64_t nch,
@@ -478,7 +708,8 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
     *err = why;
     return nullptr;
   };
-  if (isa < PORTABLE || isa > VNNI) return fail("IVIT_GEMM_ISA must be portable, avx2 or vnni");
+  if (isa < PORTABLE || isa > LAST)
+    return fail("IVIT_GEMM_ISA must be portable, avx2, vnni, neon, dotprod or i8mm");
   if (!cpu_has(isa)) return fail("this CPU lacks the instruction set of the GEMM path asked for");
   if (a_code != 0 && a_code != 1) return fail("A must be int8 or uint8");
   if (out_code < I8 || out_code > I32) return fail("the output must be int8, uint8, int16 or int32");
@@ -490,16 +721,16 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
     if (shift[j] < 0 || shift[j] > 62) return fail("shifts must be in 0..62");
   auto g = std::make_unique<QGemm>();
   g->isa = isa, g->a_code = a_code, g->out_code = out_code, g->k = k, g->n = n, g->lay = layout(isa);
-  g->kp = (k + g->lay.kstep - 1) / g->lay.kstep * g->lay.kstep;
+  g->kp = (k + g->lay.kalign - 1) / g->lay.kalign * g->lay.kalign;
   g->tiles = (n + g->lay.nr - 1) / g->lay.nr;
-  g->za_enc = isa == VNNI && a_code == 0 ? za + 128 : za;
+  g->za_enc = isa == VNNI && a_code == 0 ? za + 128 : (signed_bytes(isa) && a_code == 1 ? za - 128 : za);
   g->zy = zy, g->qmin = qmin, g->qmax = qmax;
   const i64 nr = g->lay.nr, kstep = g->lay.kstep, kp = g->kp;
-  if (isa == VNNI) g->b8.assign(g->tiles * kp * nr, 0); else g->b16.assign(g->tiles * kp * nr, 0);
+  if (bytes(isa)) g->b8.assign(g->tiles * kp * nr, 0); else g->b16.assign(g->tiles * kp * nr, 0);
   for (i64 kk = 0; kk < k; ++kk)
     for (i64 j = 0; j < n; ++j) {
       const i64 t = j / nr, at = t * kp * nr + (kk / kstep) * nr * kstep + (j % nr) * kstep + kk % kstep;
-      if (isa == VNNI) g->b8[at] = b[kk * n + j]; else g->b16[at] = b[kk * n + j];
+      if (bytes(isa)) g->b8[at] = b[kk * n + j]; else g->b16[at] = b[kk * n + j];
     }
   for (i64 j = 0; j < n; ++j) {
     uint32_t colsum = 0;
@@ -528,7 +759,7 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
   for (i64 j = 0; j < padded; ++j) {
     const i64 c = g->shift[j];
     const uint64_t zxb = static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j]);
-    g->off.push_back(static_cast<i64>((static_cast<uint64_t>(g->half[j]) ^ (uint64_t(1) << 63)) - zxb));
+    g->off.push_back(static_cast<i64>((static_cast<uint64_t>(g->half[j]) ^ (arm(isa) ? 0 : uint64_t(1) << 63)) - zxb));
     g->zs.push_back(static_cast<i64>(static_cast<uint64_t>(zy) - (uint64_t(1) << (63 - c))));
   }
   return g.release();
@@ -559,14 +790,14 @@ std::string check_qgemm() {
     const char* fault = std::getenv("IVIT_GEMM_PROBE_FAULT");
     const bool faulty = fault && !std::strcmp(fault, "qgemm");
     std::string out;
-    for (int isa : {VNNI, AVX2, PORTABLE}) {
+    for (int isa : {VNNI, AVX2, I8MM, DOTPROD, NEON, PORTABLE}) {
       if (!cpu_has(isa)) continue;
       std::string why;
       for (int a_code : {0, 1})
         if (why.empty()) why = probe(isa, a_code);
       if (faulty && isa != PORTABLE && why.empty()) why = "IVIT_GEMM_PROBE_FAULT";
       if (!why.empty()) g_refused |= 1 << isa;
-      out += std::string(out.empty() ? "" : ", ") + (isa == VNNI ? "vnni" : isa == AVX2 ? "avx2" : "portable") +
+      out += std::string(out.empty() ? "" : ", ") + NAMES[isa] +
              (why.empty() ? " exact" : " refused (" + why + ")");
     }
     return out;

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The exactness checks on emulated ARM64 CPUs (QEMU user mode on an x86-64 host): onnxruntime's 8-bit GEMMs,
-# the native kernels against numpy, and the bundled digits model's validate across the three backends.
+# the native kernels and the library's own GEMM (QGemm: NEON smlal on every core, sdot where the model has the
+# dot product) against numpy, and the bundled digits model's validate across the three backends; then QGemm's
+# i8mm (smmla) path alone on QEMU's max core (no Cortex model of QEMU 7.2 has i8mm).
 #
 # Installs what it needs from scratch (apt: qemu-user, the aarch64 cross compiler, Debian's arm64 Python 3.11
 # unpacked into a sysroot; pip: the cp311 aarch64 wheels), all cached under ~/.cache/ivit-arm so reruns only
-# run the checks. No torch. Usage: tests/arm/run.sh [CPU model ...] (default: cortex-a72 cortex-a76).
+# run the checks. No torch. Usage: tests/arm/run.sh [CPU model ...] (default: cortex-a72 cortex-a76);
+# IVIT_ARM_I8MM=0 skips the i8mm step.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -73,21 +76,54 @@ echo "arm64: setup $((t1 - t0)) s"
 # 5. the checks, once per CPU model, each with an arm64 /proc/cpuinfo of that model (QEMU would show the
 # host's x86 one, on which onnxruntime's CPU detection crashes)
 status=0
+# pytest on the guest, its summary lines prefixed with $2: fails where a test fails, or where the QGemm path of
+# a feature the model has (HWCAP name in its cpuinfo) was skipped
+guest_pytest() {
+  local cpu=$1 label=$2 out features
+  shift 2
+  features=" $(grep -m1 '^Features' "$sysroot/proc/cpuinfo" | cut -d: -f2) "
+  out=$(cd "$pkg" && "${guest[@]}" -m pytest -q -p no:cacheprovider -rfEs "$@" 2>&1) || status=1
+  grep -E "^(SKIPPED|FAILED|ERROR)|passed|failed|error" <<<"$out" | sed "s/^/[$cpu] $label: /" || true
+  for pair in neon:asimd dotprod:asimddp i8mm:i8mm; do
+    if [[ $features == *" ${pair#*:} "* ]] && grep -q "lacks the ${pair%%:*} path" <<<"$out"; then
+      echo "[$cpu] $label: FAILED: the ${pair%%:*} path was skipped on a core with ${pair#*:}"
+      status=1
+    fi
+  done
+}
 for cpu in "${models[@]}"; do
   mkdir -p "$sysroot/proc"
   python3 tests/arm/cpuinfo.py "$cpu" >"$sysroot/proc/cpuinfo"
   t=$(date +%s)
   # GLIBC_TUNABLES: QEMU 7.2 loses guest heap pages when the heap grows into a host mapping (tests/qemu.py)
+  python=(qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$sysroot/usr/bin/python3.11")
+  # IVIT_GUEST_PYTHON: how a test starts Python in a subprocess (the guest runs the host's qemu-aarch64)
   guest=(env PYTHONPATH="$pkg:$site" IVIT_NATIVE_LIB="$lib" GLIBC_TUNABLES=glibc.malloc.top_pad=1073741824
-         qemu-aarch64 -cpu "$cpu" -L "$sysroot"
-         "$sysroot/usr/bin/python3.11")
-  # the native kernels against the numpy references (the project's own test file), then the rest
-  if ! (cd "$pkg" && "${guest[@]}" -m pytest -q -p no:cacheprovider tests/opset/test_native.py 2>&1 | tail -1 \
-        | sed "s/^/[$cpu] native kernels: /") \
-     || ! "${guest[@]}" tests/arm/exactness.py --samples "${IVIT_ARM_SAMPLES:-32}" 2>&1 \
-        | grep -v "^  \|^$\|^wrote\|^attach_functions\|^ivit_onnx.validate" | sed "s/^/[$cpu] /"; then
-    status=1
+         IVIT_GUEST_PYTHON="${python[*]}" "${python[@]}")
+  # the native kernels and QGemm against the numpy references (the project's own test files), then the rest,
+  # whose compiled digits model must run its weight GEMMs as QGemm
+  before=$status
+  guest_pytest "$cpu" "native kernels" tests/opset/test_native.py tests/opset/test_qgemm.py
+  if [ "$status" = "$before" ]; then
+    out=$("${guest[@]}" tests/arm/exactness.py --samples "${IVIT_ARM_SAMPLES:-32}" 2>&1) || status=1
+    grep -v "^  \|^$\|^wrote\|^attach_functions\|^ivit_onnx.validate" <<<"$out" | sed "s/^/[$cpu] /" || true
+    if ! grep -q "GEMM + Requantize pairs as the library's QGemm" <<<"$out"; then
+      echo "[$cpu] FAIL compile: no weight GEMM ran as QGemm"
+      status=1
+    fi
   fi
   echo "arm64 $cpu: $(( $(date +%s) - t )) s"
 done
+
+# 6. QGemm's smmla path and the self-check's probe of it, on QEMU's max core (i8mm; pointer authentication,
+# which only slows the emulation down, off)
+if [ "${IVIT_ARM_I8MM:-1}" != 0 ]; then
+  python3 tests/arm/cpuinfo.py max >"$sysroot/proc/cpuinfo"
+  t=$(date +%s)
+  python=(qemu-aarch64 -cpu max,pauth=off -L "$sysroot" "$sysroot/usr/bin/python3.11")
+  guest=(env PYTHONPATH="$pkg:$site" IVIT_NATIVE_LIB="$lib" GLIBC_TUNABLES=glibc.malloc.top_pad=1073741824
+         IVIT_GUEST_PYTHON="${python[*]}" "${python[@]}")
+  guest_pytest max "QGemm i8mm" tests/opset/test_qgemm.py -k "i8mm or self_check"
+  echo "arm64 max (i8mm): $(( $(date +%s) - t )) s"
+fi
 exit $status

@@ -2,11 +2,12 @@
 QGemm), bit for bit against numpy: MatMulInteger's int32 accumulator, then the Requantize reference (and
 the table of QGemmTable).
 
-Every instruction-set path (portable C++, AVX2 ``vpmaddwd``, AVX-512 VNNI ``vpdpbusd``) is run through the
-C entry points with the path named, and through onnxruntime with ``IVIT_GEMM_ISA`` forcing it; a path this
-CPU lacks is skipped with the reason. Cases: int8 and uint8 activations, K in (1, 7, 64, 257, 1024), odd N,
-row counts across the kernel's chunks, zero points, per-tensor and per-column parameters, operands at
--128 / 127 / 255, 1 and 3 threads.
+Every instruction-set path (portable C++, AVX2 ``vpmaddwd``, AVX-512 VNNI ``vpdpbusd``, aarch64 NEON
+``smlal``, aarch64 ``sdot``, aarch64 i8mm ``smmla``) is run through the C entry points with the path named,
+and through onnxruntime with ``IVIT_GEMM_ISA`` forcing it; a path this CPU lacks is skipped with the reason
+(``tests/arm/run.sh`` runs this file on emulated Cortex-A72 and Cortex-A76 cores, and its i8mm tests on QEMU's
+``max``). Cases: int8 and uint8 activations, K in (1, 7, 64, 257, 1024), odd N, row counts across the kernel's
+chunks, zero points, per-tensor and per-column parameters, operands at -128 / 127 / 255, 1 and 3 threads.
 """
 
 from __future__ import annotations
@@ -24,21 +25,25 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ivit_onnx.opset import native_kernels
-from ivit_onnx.opset.ort_library import native_library
+from ivit_onnx.opset.ort_library import INT8_GEMMS, native_library
 from ivit_onnx.opset.requantize import reference as requantize
 
 pytestmark = pytest.mark.skipif(not native_kernels.available(), reason="native library not built")
-ISAS = {"portable": 1, "avx2": 2, "vnni": 3}
+ISAS = {"portable": 1, "avx2": 2, "vnni": 3, "neon": 4, "dotprod": 5, "i8mm": 6}
 CODES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3}
 KS = (1, 7, 64, 257, 1024)
 DOMAIN = "ai.ivit.engine"
 ROOT = Path(__file__).resolve().parents[2]
+#: how to start this Python in a subprocess: under QEMU user mode (no binfmt) tests/arm/run.sh names the
+#: emulator command, which the guest starts as a host program
+PYTHON = os.environ.get("IVIT_GUEST_PYTHON", "").split() or [sys.executable]
 
 
 def _lib():
     lib = native_kernels._LIB
     p, i, c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.ivit_qgemm_supported.argtypes, lib.ivit_qgemm_supported.restype = [c], c
+    lib.ivit_qgemm_usable.argtypes, lib.ivit_qgemm_usable.restype = [c], c
     lib.ivit_qgemm_create.argtypes = [c, c, i, i, p, p, i, i, p, p, p, i, i, i, i, p, c,
                                       ctypes.POINTER(ctypes.c_char_p)]
     lib.ivit_qgemm_create.restype = p
@@ -193,10 +198,18 @@ def qgemm_model(c: dict, table=None, batch_shape=()) -> tuple[onnx.ModelProto, d
     return model, {"a": a}
 
 
-def ort_run(model: onnx.ModelProto, feeds: dict, threads: int = 1) -> np.ndarray:
+def options() -> ort.SessionOptions:
+    """Session options with the library registered for models without int8 x int8 GEMMs (QGemm's are its
+    own), which registration accepts also where onnxruntime's int8 GEMM is inexact (Cortex-A72)."""
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
+    opts.add_session_config_entry(INT8_GEMMS, "0")
     opts.register_custom_ops_library(native_library())
+    return opts
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict, threads: int = 1) -> np.ndarray:
+    opts = options()
+    opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)[0]
 
@@ -235,28 +248,32 @@ def test_refusals(monkeypatch):
 
 def test_self_check_probes_every_path():
     """Registration probes each path at its worst cases and records the outcome; a refused path is never
-    picked (``IVIT_GEMM_PROBE_FAULT=qgemm`` refuses the vector paths; in a fresh process, as the probe runs
-    once per process)."""
-    opts = ort.SessionOptions()
-    opts.register_custom_ops_library(native_library())
-    outcome = opts.get_session_config_entry("ivit.qgemm_check")
+    picked, and with no vector path left the compile step keeps MatMulInteger (``IVIT_GEMM_PROBE_FAULT=qgemm``
+    refuses the vector paths; in a fresh process, as the probe runs once per process)."""
+    from ivit_onnx.engines.onnxruntime.qgemm_fold import VECTOR_PATHS, fast_path
+
+    outcome = options().get_session_config_entry("ivit.qgemm_check")
+    vector = [isa for isa in ISAS if ISAS[isa] in VECTOR_PATHS and _lib().ivit_qgemm_supported(ISAS[isa])]
     for isa in ISAS:
         if _lib().ivit_qgemm_supported(ISAS[isa]):
             assert f"{isa} exact" in outcome
+            assert _lib().ivit_qgemm_usable(ISAS[isa])
+        else:
+            assert f"{isa} " not in outcome and not _lib().ivit_qgemm_usable(ISAS[isa])
+    assert fast_path() == bool(vector)
     code = (
-        "import numpy as np, onnxruntime as ort\n"
-        "from tests.opset.test_qgemm import case, qgemm_model, ort_run, reference, native_library\n"
+        "import numpy as np\n"
+        "from tests.opset.test_qgemm import case, qgemm_model, ort_run, reference, options\n"
+        "from ivit_onnx.engines.onnxruntime.qgemm_fold import fast_path\n"
         "c = case(np.random.default_rng(1), np.int8, 257, 37, 20, True)\n"
         "model, feeds = qgemm_model(c)\n"
         "assert np.array_equal(ort_run(model, feeds), reference(**c))\n"
-        "o = ort.SessionOptions(); o.register_custom_ops_library(native_library())\n"
-        "print(o.get_session_config_entry('ivit.qgemm_check'))\n"
+        "print(options().get_session_config_entry('ivit.qgemm_check'), '; fast path:', fast_path())\n"
     )
     env = {**os.environ, "IVIT_GEMM_PROBE_FAULT": "qgemm"}
     env.pop("IVIT_GEMM_ISA", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([*PYTHON, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
-    assert "portable exact" in out
-    for isa in ("avx2", "vnni"):
-        if _lib().ivit_qgemm_supported(ISAS[isa]):
-            assert f"{isa} refused (IVIT_GEMM_PROBE_FAULT)" in out
+    assert "portable exact" in out and "; fast path: False" in out, out
+    for isa in vector:
+        assert f"{isa} refused (IVIT_GEMM_PROBE_FAULT)" in out

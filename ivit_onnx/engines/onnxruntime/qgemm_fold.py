@@ -2,15 +2,15 @@
 native library's own GEMM, ``ai.ivit.engine`` QGemm / QGemmTable (``opset/native/qgemm.cpp``).
 
 onnxruntime's MatMulInteger writes every int32 accumulator to memory and the Requantize after it reads it
-back; QGemm rescales each tile while it is in L1, with weights packed once per session, on the best exact
-path of the CPU (AVX-512 VNNI, AVX2, portable). It computes exactly MatMulInteger's int32 accumulator,
-then the Requantize (and its table), so the artifact keeps the bits of ``int.onnx``. A bias Add goes into
-the per-column zero point (``(acc + bias) - zx == acc - (zx - bias)``), only where ``acc + bias`` provably
-cannot wrap in int32 (the bound of :mod:`.bias_fold`). Fused: constant int8 2-D weights with a per-tensor
-or per-column int8 zero point, a constant scalar activation zero point, Requantize parameters that are
-constants per tensor or along the last axis (rank 0 or 1), shifts in 0..62, and intermediates that nothing
-else reads (graph outputs and ``keep`` stay). Runs after :mod:`.chain_fold`, so a tabulated chain ends in
-the same GEMM.
+back; QGemm rescales each tile while it is in L1, with weights packed once per session, on the best exact path
+of the CPU (AVX-512 VNNI, AVX2, aarch64 smmla, sdot or NEON, portable). It computes exactly MatMulInteger's
+int32 accumulator, then the Requantize (and its table), so the artifact keeps the bits of ``int.onnx``. A bias
+Add goes into the per-column zero point (``(acc + bias) - zx == acc - (zx - bias)``), only where ``acc +
+bias`` provably cannot wrap in int32 (the bound of :mod:`.bias_fold`). Fused: constant int8 2-D weights with a
+per-tensor or per-column int8 zero point, a constant scalar activation zero point, Requantize parameters that
+are constants per tensor or along the last axis (rank 0 or 1), shifts in 0..62, and intermediates that nothing
+else reads (graph outputs and ``keep`` stay). Runs after :mod:`.chain_fold`, so a tabulated chain ends in the
+same GEMM.
 """
 
 from __future__ import annotations
@@ -104,12 +104,17 @@ def _fused(gr: _Graph, head: onnx.NodeProto, g: onnx.GraphProto, fresh) -> onnx.
                             **attrs)
 
 
+#: the vector QGemm paths (qgemm.h's codes): AVX2, AVX-512 VNNI, aarch64 NEON, sdot, smmla
+VECTOR_PATHS = (2, 3, 4, 5, 6)
+
+
 def fast_path() -> bool:
-    """Whether the native library has a vector QGemm path on this CPU (AVX2 or AVX-512 VNNI): elsewhere (ARM,
-    old x86) its portable loop is far slower than onnxruntime's MatMulInteger, which compile then keeps."""
+    """Whether the native library has a vector QGemm path on this CPU that its self-check accepted (AVX2,
+    AVX-512 VNNI, aarch64 NEON, sdot or smmla): elsewhere (old x86, other architectures) its portable loop
+    is far slower than onnxruntime's MatMulInteger, which compile then keeps."""
     lib = native_kernels._LIB
-    return lib is not None and hasattr(lib, "ivit_qgemm_supported") and any(
-        lib.ivit_qgemm_supported(isa) for isa in (2, 3))
+    return lib is not None and hasattr(lib, "ivit_qgemm_usable") and any(
+        lib.ivit_qgemm_usable(isa) for isa in VECTOR_PATHS)
 
 
 def fold_qgemm(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProto, int]:
