@@ -22,7 +22,7 @@ from .bias_fold import fold_bias
 from .chain_fold import fold_chains
 from .patch_gemm import patch_gemm
 from .qgemm_fold import fast_path, fold_qgemm
-from .u8_gemm import own_uint8_weights, recode
+from .u8_gemm import own_uint8_weights, recode, uint8_copies
 
 ENGINE_KEY = "ivit.engine"
 #: metadata: "uint8" or "int8", the GEMM forms the artifact runs (the session registers the library for them)
@@ -101,14 +101,14 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, recoded, counts["u8_gemm"] = done.model, done.tensors, len(done.producers)
         if done.convs:
             counts["u8_conv"] = done.convs
-        if done.copies:
-            counts["u8_copy"] = done.copies
     if bias_fold:
         out, counts["bias_fold"] = fold_bias(out, keep=set(keep))
     if chain_fold:
         out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
     if qgemm and fast_path():
         out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
+    if u8_gemm and (copies := uint8_copies(out, model, recoded)):
+        counts["u8_copy"] = copies  # int8 operands nothing could re-encode, where QGemm did not fuse
     if u8_gemm and (moved := own_uint8_weights(out, model)):
         counts["u8_weights"] = moved  # a uint8 quantizer's GEMMs with -128 weights, where QGemm did not fuse
     counts["unshared_weights"] = unshare_gemm_weights(out)

@@ -63,8 +63,6 @@ class Recoded:
     producers: list[str] = field(default_factory=list)
     #: ConvIntegers now uint8 x uint8
     convs: int = 0
-    #: MatMulInteger operands fed through a uint8 copy (int8 producers that could not be re-encoded)
-    copies: int = 0
 
 
 def decode(name: str, value: np.ndarray, recoded: set[str]) -> np.ndarray:
@@ -223,6 +221,48 @@ def own_uint8_weights(model: onnx.ModelProto, source: onnx.ModelProto) -> int:
     return len(own)
 
 
+def _constants(g: onnx.GraphProto, inits: dict, prefix: str):
+    """(const, int8_scalar): ``const(v)`` adds a fresh uint8 scalar initializer holding ``v`` and names it;
+    ``int8_scalar(name)`` is the value of a scalar int8 initializer (None for anything else)."""
+    fresh = iter(range(1 << 30))
+
+    def const(value: int) -> str:
+        name = f"{prefix}_{next(fresh)}"
+        g.initializer.append(numpy_helper.from_array(np.array(value, np.uint8), name))
+        return name
+
+    def int8_scalar(name: str) -> int | None:
+        t = inits.get(name)
+        if t is None or t.data_type != onnx.TensorProto.INT8:
+            return None
+        v = numpy_helper.to_array(t)
+        return int(v.reshape(-1)[0]) if v.size == 1 else None
+
+    return const, int8_scalar
+
+
+def uint8_copies(model: onnx.ModelProto, source: onnx.ModelProto, recoded: set[str]) -> int:
+    """A uint8 copy of every int8 activation operand of a MatMulInteger of ``model`` (compiled from
+    ``source``) still int8: its producer could not be re-encoded (a graph input, a zero point that cannot
+    move). int8 x int8 wraps on ARM cores without a dot product, and the uint8 forms are the ones the
+    self-check judges for an artifact; weights holding -128 then move to uint8 too. Returns how many copies.
+    ``recoded``: the tensors :func:`recode` re-encoded. Run after the library's QGemm fold, which takes int8
+    operands exactly."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    gemms = [n for n in g.node if n.op_type == "MatMulInteger" and n.domain in ("", "ai.onnx")]
+    types = _value_dtypes(source) if gemms else {}
+    uint8 = recoded | {n.output[0] for n in g.node if n.name.endswith("_uint8")}
+    todo = [(n, side) for n in gemms for side in (0, 1) if n.input[side] not in inits
+            and n.input[side] not in uint8 and types.get(n.input[side]) == np.int8]
+    const, int8_scalar = _constants(g, inits, "u8copy_zp")
+    for n, side in todo:
+        _uint8_copy(g, n, side, const, int8_scalar)
+    for n in {id(n): n for n, side in todo if side == 0}.values():
+        _uint8_weights(g, n, inits)
+    return len(todo)
+
+
 def _uint8_convs(source: onnx.ModelProto, g: onnx.GraphProto, recoded: set[str], const, int8_scalar,
                  inits: dict) -> int:
     """Every ConvInteger of ``g`` as uint8 x constant uint8 (the module docstring): a uint8 copy of an int8
@@ -246,21 +286,6 @@ def _uint8_convs(source: onnx.ModelProto, g: onnx.GraphProto, recoded: set[str],
     return len(convs)
 
 
-def _uint8_matmul_copies(source: onnx.ModelProto, g: onnx.GraphProto, uint8: set[str], inits: dict, const,
-                         int8_scalar) -> int:
-    """A uint8 copy of every int8 activation operand of a MatMulInteger that is still int8 (its producer could
-    not be re-encoded: a graph input, a zero point that cannot move): int8 x int8 wraps on ARM cores without a
-    dot product, and the uint8 forms are the ones the self-check judges for this artifact. Returns how many.
-    ``source``, the model before the re-encoding, types the activations."""
-    gemms = [n for n in g.node if n.op_type == "MatMulInteger" and n.domain in ("", "ai.onnx")]
-    types = _value_dtypes(source) if gemms else {}
-    todo = [(n, side) for n in gemms for side in (0, 1) if n.input[side] not in inits
-            and n.input[side] not in uint8 and types.get(n.input[side]) == np.int8]
-    for n, side in todo:
-        _uint8_copy(g, n, side, const, int8_scalar)
-    return len(todo)
-
-
 def recode(model: onnx.ModelProto) -> Recoded:
     """Re-encode every eligible int8 producer of a GEMM operand (see the module docstring)."""
     out = onnx.ModelProto()
@@ -270,19 +295,7 @@ def recode(model: onnx.ModelProto) -> Recoded:
     consumers = input_uses(g)
     outputs = {o.name for o in g.output}
     result = Recoded(out)
-    fresh = iter(range(1 << 30))
-
-    def const(value: int) -> str:
-        name = f"u8gemm_zp_{next(fresh)}"
-        g.initializer.append(numpy_helper.from_array(np.array(value, np.uint8), name))
-        return name
-
-    def int8_scalar(name: str) -> int | None:
-        t = inits.get(name)
-        if t is None or t.data_type != onnx.TensorProto.INT8:
-            return None
-        v = numpy_helper.to_array(t)
-        return int(v.reshape(-1)[0]) if v.size == 1 else None
+    const, int8_scalar = _constants(g, inits, "u8gemm_zp")
 
     found: dict[int, tuple[onnx.NodeProto, int, int, set[str], list]] = {}  # eligible producers, by position
     for at, node in enumerate(g.node):
@@ -314,8 +327,6 @@ def recode(model: onnx.ModelProto) -> Recoded:
         _uint8_copy(g, gemm, side, const, int8_scalar)
     result.convs = _uint8_convs(model, g, result.tensors, const, int8_scalar, inits)
     uint8 = result.tensors | {n.output[0] for n in g.node if n.name.endswith("_uint8")}
-    result.copies = _uint8_matmul_copies(model, g, uint8, inits, const, int8_scalar)
-    uint8 |= {n.output[0] for n in g.node if n.name.endswith("_uint8")}
     for n in g.node:
         if n.op_type == "MatMulInteger" and n.input[0] in uint8:
             _uint8_weights(g, n, inits)
@@ -325,4 +336,4 @@ def recode(model: onnx.ModelProto) -> Recoded:
     return result
 
 
-__all__ = ["Recoded", "decode", "own_uint8_weights", "recode"]
+__all__ = ["Recoded", "decode", "own_uint8_weights", "recode", "uint8_copies"]
