@@ -575,3 +575,35 @@ std::string check_qgemm() {
 }
 
 }  // namespace ivit
+
+// ---------------------------------------------------------------------------------- repacking B (qbatch_op.cpp)
+// A new B for a packed GEMM of the same K and N, so that a GEMM whose B is an activation (attention's Q·Kᵀ,
+// P·V) packs it in O(K N) per call without ivit_qgemm_create's allocations and parameter set-up: B[k][n] is
+// b[k * ldk + n * ldn] ^ flip (flip 0x80: a uint8 B re-encoded as int8), its zero point zb (one value).
+extern "C" void ivit_qgemm_repack(void* gp, const uint8_t* b, int64_t ldk, int64_t ldn, int flip, int64_t zb) {
+  QGemm& g = *static_cast<QGemm*>(gp);
+  const i64 k = g.k, n = g.n, nr = g.lay.nr, kstep = g.lay.kstep, kp = g.kp;
+  const uint8_t f = static_cast<uint8_t>(flip);
+  std::vector<uint32_t> colsum(n, 0);
+  auto pack = [&](auto* dst) {
+    for (i64 kk = 0; kk < k; ++kk) {
+      const uint8_t* row = b + kk * ldk;
+      auto* d = dst + (kk / kstep) * nr * kstep + kk % kstep;
+      for (i64 j0 = 0; j0 < n; j0 += nr, d += kp * nr) {
+        const i64 cols = std::min(nr, n - j0);
+        for (i64 jj = 0; jj < cols; ++jj) {
+          const int8_t v = static_cast<int8_t>(row[(j0 + jj) * ldn] ^ f);
+          d[jj * kstep] = v;
+          colsum[j0 + jj] += static_cast<uint32_t>(static_cast<int32_t>(v));
+        }
+      }
+    }
+  };
+  if (g.isa == VNNI) pack(g.b8.data()); else pack(g.b16.data());
+  const uint32_t zbj = static_cast<uint32_t>(zb), zae = static_cast<uint32_t>(g.za_enc);
+  for (i64 j = 0; j < n; ++j) {
+    g.zb[j] = static_cast<int32_t>(zbj);
+    g.corr[j] = static_cast<int32_t>(zae * colsum[j] - static_cast<uint32_t>(k) * zae * zbj);
+  }
+  g.zb_zero = zb == 0;
+}

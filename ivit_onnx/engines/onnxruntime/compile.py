@@ -17,6 +17,7 @@ import onnx
 
 from ivit_onnx.weights import unshare_gemm_weights
 
+from .attn_fold import fold_attention
 from .bias_fold import fold_bias
 from .chain_fold import fold_chains
 from .patch_gemm import patch_gemm
@@ -58,6 +59,8 @@ class Compiled:
         done += [f"{c['patch_gemm']} patch ConvInteger as MatMulInteger"] if c.get("patch_gemm") else []
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
         done += [f"{c['qgemm']} GEMM + Requantize pairs as the library's QGemm"] if c.get("qgemm") else []
+        done += [f"{c['qbatch']} activation GEMMs (attention) as the library's QBatchMatMul"] if c.get(
+            "qbatch") else []
         return "; ".join(done)
 
 
@@ -100,6 +103,7 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
     if qgemm and fast_path():
         out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
+        out, counts["qbatch"] = fold_attention(out, keep=set(keep))
     counts["unshared_weights"] = unshare_gemm_weights(out)
     _drop_unused_initializers(out.graph)
     meta = {**_meta(out), ENGINE_KEY: "onnxruntime", GEMMS_KEY: "uint8" if u8_gemm else "int8",
