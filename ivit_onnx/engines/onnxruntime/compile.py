@@ -82,7 +82,8 @@ def is_artifact(model: onnx.ModelProto) -> bool:
 
 
 def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bool = True, patch: bool = True,
-                  chain_fold: bool = True, qgemm: bool = True, keep=frozenset()) -> Compiled:
+                  chain_fold: bool = True, qgemm: bool = True, qbatch: bool = True,
+                  keep=frozenset()) -> Compiled:
     """Apply the rewrites to a copy of ``model`` (an integer model as converted); ``keep`` names intermediates
     that must survive them (validate's per-layer comparison). ``chain_fold`` writes ops that only the native
     library has."""
@@ -103,7 +104,8 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
     if qgemm and fast_path():
         out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
-        out, counts["qbatch"] = fold_attention(out, keep=set(keep))
+        if qbatch:
+            out, counts["qbatch"] = fold_attention(out, keep=set(keep))
     counts["unshared_weights"] = unshare_gemm_weights(out)
     _drop_unused_initializers(out.graph)
     meta = {**_meta(out), ENGINE_KEY: "onnxruntime", GEMMS_KEY: "uint8" if u8_gemm else "int8",
