@@ -579,7 +579,9 @@ std::string check_qgemm() {
 // ---------------------------------------------------------------------------------- repacking B (qbatch_op.cpp)
 // A new B for a packed GEMM of the same K and N, so that a GEMM whose B is an activation (attention's Q·Kᵀ,
 // P·V) packs it in O(K N) per call without ivit_qgemm_create's allocations and parameter set-up: B[k][n] is
-// b[k * ldk + n * ldn] ^ flip (flip 0x80: a uint8 B re-encoded as int8), its zero point zb (one value).
+// b[k * ldk + n * ldn] ^ flip (flip 0x80: a uint8 B re-encoded as int8), its zero point zb (one value). It
+// writes the layout ivit_qgemm_create writes (tiles of lay.nr columns, groups of lay.kstep k, into b8 or b16):
+// a path packed otherwise must be handled here too (tests/opset/test_qbatch.py runs every path).
 extern "C" void ivit_qgemm_repack(void* gp, const uint8_t* b, int64_t ldk, int64_t ldn, int flip, int64_t zb) {
   QGemm& g = *static_cast<QGemm*>(gp);
   const i64 k = g.k, n = g.n, nr = g.lay.nr, kstep = g.lay.kstep, kp = g.kp;
@@ -599,7 +601,7 @@ extern "C" void ivit_qgemm_repack(void* gp, const uint8_t* b, int64_t ldk, int64
       }
     }
   };
-  if (g.isa == VNNI) pack(g.b8.data()); else pack(g.b16.data());
+  if (!g.b8.empty()) pack(g.b8.data()); else pack(g.b16.data());  // the layout ivit_qgemm_create packs
   const uint32_t zbj = static_cast<uint32_t>(zb), zae = static_cast<uint32_t>(g.za_enc);
   for (i64 j = 0; j < n; ++j) {
     g.zb[j] = static_cast<int32_t>(zbj);
