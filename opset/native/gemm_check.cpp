@@ -1,7 +1,8 @@
 // The GEMM self-check run when the library is registered (ort_ops.cpp's RegisterCustomOps): picks an exact
 // 8-bit GEMM path for the CPU the session runs on and proves it through the same kernels.
 //
-// The session-time rewrites hand onnxruntime uint8 x int8 and uint8 x uint8 MatMulIntegers, its fast forms.
+// The session-time rewrites hand onnxruntime uint8 x int8 and uint8 x uint8 MatMulIntegers and uint8 x uint8
+// ConvIntegers, its fast forms.
 // On x86 CPUs without VNNI its uint8 x int8 kernel adds pairs of products in int16 with saturation, so the
 // library runs the probe of gemm_probe.h (each form at its worst case) in a session with a copy of the
 // caller's options:

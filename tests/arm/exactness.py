@@ -3,7 +3,9 @@
 1. the GEMM self-check: the library registers for the uint8 forms a compiled model runs, records every form,
    and refuses a form it found inexact only with an exact alternative named, in one line naming the core;
 2. the functions backend's int8 x int8 GEMMs are exact on operands of -128 (where onnxruntime's own wraps);
-3. the README's rewrite of the bundled digits model, then validate with the library, the function bodies and
+3. ConvIntegers (3x3, strided, padded, depthwise; int8 at -128) and a uint8 x int8 GEMM with -128 weights,
+   compiled and run by the library, the function bodies and the interpreter, bit for bit against numpy;
+4. the README's rewrite of the bundled digits model, then validate with the library, the function bodies and
    the interpreter bit for bit (random inputs: no scikit-learn here), then ``ivit-onnx run`` and
    ``ivit_onnx.InferenceSession`` giving the same bits.
 Prints one line per check; exits 1 on the first failure.
@@ -85,6 +87,90 @@ def functions_backend() -> None:
           f"{'rewritten as uint8: ' + wraps() if wraps() else 'onnxruntime int8 x int8 exact here'}")
 
 
+#: ConvInteger cases: output -> (input, weights, groups, stride, pad, x zero point, w zero point)
+CONVS = {"conv": ("q", "w3", 1, 2, 1, None, None), "dw": ("q", "wdw", 8, 1, 1, None, None),
+         "fed": ("xi", "w3", 1, 1, 1, 3, -2), "u8": ("qu", "w3", 1, 2, 0, 128, None)}
+
+
+def conv_ref(x: np.ndarray, w: np.ndarray, xz: int, wz: int, stride: int, pad: int, group: int) -> np.ndarray:
+    """ConvInteger's int32 sums in int64: ``(x - xz)(w - wz)``, padding contributing 0."""
+    x = np.pad(x.astype(np.int64) - xz, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    w = w.astype(np.int64) - wz
+    (n, _, h, wd), (o, cg, kh, kw) = x.shape, w.shape
+    ho, wo = (h - kh) // stride + 1, (wd - kw) // stride + 1
+    y = np.zeros((n, o, ho, wo), np.int64)
+    for oc in range(o):
+        g = oc // (o // group)
+        for i in range(ho):
+            for j in range(wo):
+                win = x[:, g * cg:(g + 1) * cg, i * stride:i * stride + kh, j * stride:j * stride + kw]
+                y[:, oc, i, j] = (win * w[oc]).sum(axis=(1, 2, 3))
+    return y
+
+
+def conv_model(seed: int = 0) -> tuple[onnx.ModelProto, dict, dict]:
+    """int8 (QuantizeLinear, a graph input) and uint8 activations into 3x3 ConvIntegers (strided, padded,
+    depthwise, zero points) with weights at -128, and a uint8 x int8 MatMulInteger with weights at -128; the
+    feeds at the extremes, and the numpy int64 references."""
+    rng = np.random.default_rng(seed)
+    ext = lambda shape, values, dtype: rng.choice(np.array(values), shape).astype(dtype)  # noqa: E731
+    consts = {"w3": ext((8, 8, 3, 3), [-128, -128, 127, -127, 0, 5], np.int8),
+              "wdw": ext((8, 1, 3, 3), [-128, -128, 127, 1], np.int8),
+              "wm": ext((64, 16), [-128, 127, -128, 3], np.int8),
+              "s": np.array(1.0, np.float32), "z8": np.array(0, np.int8), "zu": np.array(128, np.uint8),
+              "xz_fed": np.array(3, np.int8), "wz_fed": np.array(-2, np.int8),
+              "xz_u8": np.array(128, np.uint8), "mz": np.array(5, np.uint8)}
+    nodes = [helper.make_node("QuantizeLinear", ["xf", "s", "z8"], ["q"], name="q"),
+             helper.make_node("QuantizeLinear", ["xf", "s", "zu"], ["qu"], name="qu"),
+             helper.make_node("MatMulInteger", ["xu", "wm", "mz"], ["mm"], name="mm")]
+    for out, (x, w, group, stride, pad, xz, wz) in CONVS.items():
+        zps = ([f"xz_{out}"] if xz is not None else []) + ([f"wz_{out}"] if wz is not None else [])
+        nodes.append(helper.make_node("ConvInteger", [x, w, *zps], [out], name=out, group=group,
+                                      strides=[stride] * 2, pads=[pad] * 4, kernel_shape=[3, 3]))
+    ins = [helper.make_tensor_value_info("xf", TensorProto.FLOAT, [2, 8, 7, 7]),
+           helper.make_tensor_value_info("xi", TensorProto.INT8, [2, 8, 7, 7]),
+           helper.make_tensor_value_info("xu", TensorProto.UINT8, [3, 64])]
+    outs = [helper.make_tensor_value_info(o, TensorProto.INT32, None) for o in [*CONVS, "mm"]]
+    inits = [numpy_helper.from_array(v, k) for k, v in consts.items()]
+    g = helper.make_graph(nodes, "convs", ins, outs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    feeds = {"xf": ext((2, 8, 7, 7), [-300, -128, -1, 0, 127, 300], np.float32),
+             "xi": ext((2, 8, 7, 7), [-128, -128, 127, 3, 0], np.int8),
+             "xu": ext((3, 64), [0, 255, 5], np.uint8)}
+    acts = {"q": np.clip(feeds["xf"], -128, 127).astype(np.int8), "xi": feeds["xi"],
+            "qu": np.clip(feeds["xf"] + 128, 0, 255).astype(np.uint8)}
+    want = {out: conv_ref(acts[x], consts[w], xz or 0, wz or 0, stride, pad, group)
+            for out, (x, w, group, stride, pad, xz, wz) in CONVS.items()}
+    want["mm"] = (feeds["xu"].astype(np.int64) - 5) @ consts["wm"].astype(np.int64)
+    return m, feeds, want
+
+
+def convs() -> None:
+    """:func:`conv_model` compiled and run by the library, and by the function bodies and the interpreter."""
+    from ivit_onnx import InferenceSession
+    from ivit_onnx.opset.ort_library import session
+    from ivit_onnx.runners import make_runner
+
+    model, feeds, want = conv_model()
+
+    def wrong(got) -> list[str]:
+        return [k for k, v in zip(want, got, strict=True) if not np.array_equal(v, want[k])]
+
+    raw = wrong(ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+                .run(list(want), feeds))
+    as_is = f"onnxruntime as converted: {', '.join(raw) + ' wrong' if raw else 'exact'}"
+    sess = InferenceSession(model, threads=1)
+    runs = {"library": sess.run(list(want), feeds),
+            "functions": session(model, "functions").run(list(want), feeds),
+            "interpreter": [make_runner("interpreter", model).run(feeds)[k] for k in want]}
+    for name, got in runs.items():
+        bad = wrong(got)
+        detail = f"{'wrong: ' + ', '.join(bad) if bad else 'bit for bit the numpy int64 sums'}; {as_is}"
+        check(f"ConvIntegers (3x3, strided, padded, depthwise; -128), u8 x s8 -128 GEMM, {name}", not bad,
+              detail + (f"; {sess.compiled.describe()}" if name == "library" else ""))
+
+
 def digits(samples: int) -> None:
     from ivit_onnx import InferenceSession, cli
 
@@ -126,6 +212,7 @@ def main() -> None:
     print(f"cpu: {cpu.describe()}; onnxruntime {ort.__version__}", flush=True)
     self_check()
     functions_backend()
+    convs()
     digits(args.samples)
 
 

@@ -100,7 +100,7 @@ def test_functions_backend_runs_int8_gemms_as_uint8_where_they_wrap(monkeypatch)
     assert types["v"] == TensorProto.INT8 and "v" in [n.input[1] for n in gemms]
     sess = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"])
     assert all(np.array_equal(g, w) for g, w in zip(sess.run(None, feeds), want, strict=True))
-    int8_gemms.wraps.cache_clear()
+    int8_gemms.probe.cache_clear()
     monkeypatch.setenv("IVIT_GEMM_PROBE_FAULT", "wrap")
     try:
         assert "s8s8" in int8_gemms.wraps()
@@ -108,7 +108,7 @@ def test_functions_backend_runs_int8_gemms_as_uint8_where_they_wrap(monkeypatch)
         got = ort_library.session(model, "functions").run(None, feeds)
         assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
     finally:
-        int8_gemms.wraps.cache_clear()
+        int8_gemms.probe.cache_clear()
     monkeypatch.delenv("IVIT_GEMM_PROBE_FAULT")
     if not int8_gemms.wraps():  # this CPU's int8 x int8 is exact: the model runs as converted
         assert int8_gemms.exact_int8_gemms(model) is model

@@ -3,7 +3,8 @@ as an artifact that a plain onnxruntime session with the library registered runs
 CPU.
 
 The artifact's 8-bit GEMMs are the forms the library's self-check proves at registration (uint8 x constant
-int8, uint8 x uint8; ``opset/gemm_probe.py``), or int8 x int8 as converted (``u8_gemm=False``: the fallback,
+int8, uint8 x uint8; every ConvInteger uint8 x constant uint8; ``opset/gemm_probe.py``), or int8 x int8 as
+converted (``u8_gemm=False``: the fallback,
 marked so that the session registers the library for it). Graph outputs are never re-encoded, so the artifact
 computes the same output bits as ``int.onnx``. The metadata key ``ivit.engine`` marks an artifact.
 """
@@ -22,7 +23,7 @@ from .bias_fold import fold_bias
 from .chain_fold import fold_chains
 from .patch_gemm import patch_gemm
 from .qgemm_fold import fast_path, fold_qgemm
-from .u8_gemm import recode
+from .u8_gemm import own_uint8_weights, recode
 
 ENGINE_KEY = "ivit.engine"
 #: metadata: "uint8" or "int8", the GEMM forms the artifact runs (the session registers the library for them)
@@ -55,6 +56,10 @@ class Compiled:
         gemm = (f"{c.get('u8_gemm', 0)} int8 GEMM operand producers re-encoded as uint8 (exact)"
                 if self.uint8_gemms else "int8 GEMMs as converted")
         done = [gemm]
+        done += [f"{c['u8_conv']} ConvInteger as uint8 x uint8"] if c.get("u8_conv") else []
+        done += [f"{c['u8_copy']} int8 MatMulInteger operands as uint8 copies"] if c.get("u8_copy") else []
+        done += [f"{c['u8_weights']} uint8-activation GEMMs with -128 weights on uint8 weights"] if c.get(
+            "u8_weights") else []
         done += [f"{c['bias_fold']} GEMM bias Adds folded into Requantize"] if c.get("bias_fold") else []
         done += [f"{c['patch_gemm']} patch ConvInteger as MatMulInteger"] if c.get("patch_gemm") else []
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
@@ -98,6 +103,10 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
     if u8_gemm:
         done = recode(out)
         out, recoded, counts["u8_gemm"] = done.model, done.tensors, len(done.producers)
+        if done.convs:
+            counts["u8_conv"] = done.convs
+        if done.copies:
+            counts["u8_copy"] = done.copies
     if bias_fold:
         out, counts["bias_fold"] = fold_bias(out, keep=set(keep))
     if chain_fold:
@@ -106,6 +115,8 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
         if qbatch:
             out, counts["qbatch"] = fold_attention(out, keep=set(keep))
+    if u8_gemm and (moved := own_uint8_weights(out, model)):
+        counts["u8_weights"] = moved  # a uint8 quantizer's GEMMs with -128 weights, where QGemm did not fuse
     counts["unshared_weights"] = unshare_gemm_weights(out)
     _drop_unused_initializers(out.graph)
     meta = {**_meta(out), ENGINE_KEY: "onnxruntime", GEMMS_KEY: "uint8" if u8_gemm else "int8",

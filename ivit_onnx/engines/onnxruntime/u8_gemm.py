@@ -12,11 +12,20 @@ Shape, and at least one in a MatMulInteger.
 The GEMMs this leaves are the forms the library's self-check proves exact on the CPU at hand
 (``opset/gemm_probe.py``): uint8 x constant int8 weights in [-127, 127], uint8 x constant uint8 weights (those
 holding -128, moved by 128: on ARM cores without a dot product the uint8 x int8 kernel meets -128 x -128
-again), and uint8 x uint8 where both operands are activations. Attention's K and V become uint8 too:
+again), and uint8 x uint8 where both operands are activations; a model's own uint8 x int8 GEMMs (a uint8
+quantizer's) with weights holding -128 get uint8 weights too, unless the library's QGemm takes them
+(:func:`own_uint8_weights`). Attention's K and V become uint8 too:
 onnxruntime's uint8 x int8 kernel saturates on x86 CPUs without VNNI, and only constant weights can be moved
-to its exact uint8 x uint8 kernel there (by ``session.x64quantprecision``). ConvInteger keeps its int8
-operands, which that conversion does not cover; the patch embedding reaches this as a MatMulInteger
-(:mod:`.patch_gemm` runs first).
+to its exact uint8 x uint8 kernel there (by ``session.x64quantprecision``).
+
+Every ConvInteger (3x3, strided, depthwise, AveragePool's window sums, ConvTranspose's lowering; the patch
+embedding reaches this as a MatMulInteger, :mod:`.patch_gemm` runs first) runs as uint8 x constant uint8:
+its activation re-encoded as above or, where its producer cannot be (a Pad, a graph input), through a uint8
+copy; its weights always moved by 128. Measured on onnxruntime 1.31 (ConvInteger takes all four type pairs
+and pads with the zero point): uint8 x uint8 is exact on AVX-512 VNNI, Haswell, Cortex-A72 and Cortex-A76 and
+~4x faster than the int8 forms, while int8 x int8 wraps on a Cortex-A72 and int8 x uint8 is wrong there and
+on Haswell; ``session.x64quantprecision`` does not touch ConvInteger. A MatMulInteger operand left int8
+(its producer cannot be re-encoded) gets the same uint8 copy, so an artifact runs no int8 x int8 GEMM.
 :func:`decode` maps a re-encoded tensor back.
 """
 
@@ -30,14 +39,16 @@ from onnx import helper, numpy_helper
 
 from ivit_onnx.graph import input_uses
 from ivit_onnx.opset import DOMAIN
+from ivit_onnx.opset.ort_library import _value_dtypes
 
 #: ops that move data without looking at values (followed through their data input 0)
 LAYOUT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Split", "Gather", "Slice", "Flatten", "Identity",
           "Expand"}
 #: (op_type, input index) -> index of that input's zero point
-ZERO_POINT_OF = {("MatMulInteger", 0): 2, ("MatMulInteger", 1): 3, ("Requantize", 0): 1, ("IAdd", 0): 2,
-                 ("IAdd", 1): 3, ("IL2Norm", 0): 1}
-GEMMS = {"MatMulInteger"}
+ZERO_POINT_OF = {("MatMulInteger", 0): 2, ("MatMulInteger", 1): 3, ("ConvInteger", 0): 2,
+                 ("ConvInteger", 1): 3, ("Requantize", 0): 1, ("IAdd", 0): 2, ("IAdd", 1): 3,
+                 ("IL2Norm", 0): 1}
+GEMMS = {"MatMulInteger", "ConvInteger"}
 #: producers whose output type is the type of their zero point (input index), and their clip attributes
 PRODUCERS = {"Requantize": 4, "IAdd": 7, "ShiftGELU": 3, "ILayerNorm": 4, "Shiftmax": 1, "QuantizeLinear": 2,
              "IBertGELU": 3, "L1LayerNorm": 4, "IBertSoftmax": 1, "LogIntSoftmax": 1, "IL2Norm": 4}
@@ -50,6 +61,10 @@ class Recoded:
     model: onnx.ModelProto
     tensors: set[str] = field(default_factory=set)
     producers: list[str] = field(default_factory=list)
+    #: ConvIntegers now uint8 x uint8
+    convs: int = 0
+    #: MatMulInteger operands fed through a uint8 copy (int8 producers that could not be re-encoded)
+    copies: int = 0
 
 
 def decode(name: str, value: np.ndarray, recoded: set[str]) -> np.ndarray:
@@ -109,8 +124,8 @@ def _uint8_copy(g: onnx.GraphProto, gemm: onnx.NodeProto, side: int, const, int8
     instead of int8 ``x``."""
     zp = _zero_point(gemm, side)
     if zp and int8_scalar(zp) is None:
-        raise ValueError(f"MatMulInteger '{gemm.name}': uint8 x int8 activations with a zero point that is "
-                         "not a scalar int8 constant; run it with int8 GEMMs (u8_gemm off)")
+        raise ValueError(f"{gemm.op_type} '{gemm.name or gemm.output[0]}': an int8 operand with a zero point "
+                         "that is not a scalar int8 constant; run it with int8 GEMMs (u8_gemm off)")
     tag = f"{gemm.output[0]}_{'ab'[side]}_uint8"  # unique: one per GEMM operand
     params = [numpy_helper.from_array(np.array(0, np.int8), f"{tag}_zero")]
     params += [numpy_helper.from_array(np.array(v, np.int64), f"{tag}_{k}") for k, v in (("b", 1), ("c", 0))]
@@ -122,12 +137,13 @@ def _uint8_copy(g: onnx.GraphProto, gemm: onnx.NodeProto, side: int, const, int8
     g.node.insert(list(g.node).index(gemm), copy)
 
 
-def _uint8_weights(g: onnx.GraphProto, gemm: onnx.NodeProto, inits: dict) -> None:
-    """Constant int8 weights holding -128 become ``w + 128`` in uint8, their zero point moved by 128 too:
-    onnxruntime's uint8 x int8 kernel on ARM cores without a dot product moves A back to int8 and adds product
-    pairs in int16, where -128 x -128 wraps (``opset/gemm_probe.py``'s ``u8s8_0``); uint8 x uint8 is exact."""
+def _uint8_weights(g: onnx.GraphProto, gemm: onnx.NodeProto, inits: dict, always: bool = False) -> None:
+    """Constant int8 weights holding -128 (any, if ``always``) become ``w + 128`` in uint8, their zero point
+    moved by 128 too: onnxruntime's uint8 x int8 kernel on ARM cores without a dot product moves A back to
+    int8 and adds product pairs in int16, where -128 x -128 wraps (``opset/gemm_probe.py``'s ``u8s8_0``);
+    uint8 x uint8 is exact."""
     w = inits.get(gemm.input[1])
-    if w is None or w.data_type != onnx.TensorProto.INT8 or not (numpy_helper.to_array(w) == -128).any():
+    if w is None or w.data_type != onnx.TensorProto.INT8 or not (always or _has_min(w)):
         return
     name = f"{gemm.output[0]}_b_uint8"
     shifted = (numpy_helper.to_array(w).astype(np.int16) + 128).astype(np.uint8)
@@ -184,6 +200,67 @@ def _uint8_tensors(model: onnx.ModelProto) -> set[str]:
     return {v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.UINT8}
 
 
+def _has_min(w: onnx.TensorProto | None) -> bool:
+    """Whether ``w`` is an int8 constant holding -128."""
+    if w is None or w.data_type != onnx.TensorProto.INT8:
+        return False
+    return bool((numpy_helper.to_array(w) == -128).any())
+
+
+def own_uint8_weights(model: onnx.ModelProto, source: onnx.ModelProto) -> int:
+    """GEMMs of ``model`` (compiled from ``source``) whose uint8 activations are the source's own (a uint8
+    quantizer's) and whose constant int8 weights hold -128 get those weights as uint8
+    (:func:`_uint8_weights`); returns how many. Run after the library's QGemm fold, which is exact on any
+    weights and takes such a GEMM where it can."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    gemms = [n for n in g.node if n.op_type == "MatMulInteger" and n.domain in ("", "ai.onnx")
+             and _has_min(inits.get(n.input[1]))]
+    types = _value_dtypes(source) if gemms else {}
+    own = [n for n in gemms if types.get(n.input[0]) == np.uint8]
+    for n in own:
+        _uint8_weights(g, n, inits)
+    return len(own)
+
+
+def _uint8_convs(source: onnx.ModelProto, g: onnx.GraphProto, recoded: set[str], const, int8_scalar,
+                 inits: dict) -> int:
+    """Every ConvInteger of ``g`` as uint8 x constant uint8 (the module docstring): a uint8 copy of an int8
+    activation that was not re-encoded, weights moved by 128; returns how many ConvIntegers there are.
+    ``source``, the model before the re-encoding, types the activations."""
+    convs = [n for n in g.node if n.op_type == "ConvInteger" and n.domain in ("", "ai.onnx")]
+    if not convs:
+        return 0
+    types = _value_dtypes(source)
+    for n in convs:
+        x = n.input[0]
+        if x not in recoded and types.get(x) != np.uint8:
+            if types.get(x) != np.int8:
+                raise ValueError(f"ConvInteger '{n.name or n.output[0]}': no type known for its input '{x}'; "
+                                 "run it with int8 GEMMs (u8_gemm off)")
+            _uint8_copy(g, n, 0, const, int8_scalar)
+        if n.input[1] not in inits:
+            raise ValueError(f"ConvInteger '{n.name or n.output[0]}': weights '{n.input[1]}' are not an "
+                             "initializer; run it with int8 GEMMs (u8_gemm off)")
+        _uint8_weights(g, n, inits, always=True)
+    return len(convs)
+
+
+def _uint8_matmul_copies(source: onnx.ModelProto, g: onnx.GraphProto, uint8: set[str], inits: dict, const,
+                         int8_scalar) -> int:
+    """A uint8 copy of every int8 activation operand of a MatMulInteger that is still int8 (its producer could
+    not be re-encoded: a graph input, a zero point that cannot move): int8 x int8 wraps on ARM cores without a
+    dot product, and the uint8 forms are the ones the self-check judges for this artifact. Returns how many.
+    ``source``, the model before the re-encoding, types the activations."""
+    gemms = [n for n in g.node if n.op_type == "MatMulInteger" and n.domain in ("", "ai.onnx")]
+    types = _value_dtypes(source) if gemms else {}
+    todo = [(n, side) for n in gemms for side in (0, 1) if n.input[side] not in inits
+            and n.input[side] not in uint8 and types.get(n.input[side]) == np.int8]
+    for n, side in todo:
+        _uint8_copy(g, n, side, const, int8_scalar)
+    return len(todo)
+
+
 def recode(model: onnx.ModelProto) -> Recoded:
     """Re-encode every eligible int8 producer of a GEMM operand (see the module docstring)."""
     out = onnx.ModelProto()
@@ -235,9 +312,12 @@ def recode(model: onnx.ModelProto) -> Recoded:
         result.producers.append(node.name or node.output[0])
     for gemm, side in copies:
         _uint8_copy(g, gemm, side, const, int8_scalar)
+    result.convs = _uint8_convs(model, g, result.tensors, const, int8_scalar, inits)
     uint8 = result.tensors | {n.output[0] for n in g.node if n.name.endswith("_uint8")}
+    result.copies = _uint8_matmul_copies(model, g, uint8, inits, const, int8_scalar)
+    uint8 |= {n.output[0] for n in g.node if n.name.endswith("_uint8")}
     for n in g.node:
-        if n.op_type in GEMMS and n.input[0] in uint8:
+        if n.op_type == "MatMulInteger" and n.input[0] in uint8:
             _uint8_weights(g, n, inits)
     keep = [v for v in g.value_info if v.name not in result.tensors]
     del g.value_info[:]
@@ -245,4 +325,4 @@ def recode(model: onnx.ModelProto) -> Recoded:
     return result
 
 
-__all__ = ["Recoded", "decode", "recode"]
+__all__ = ["Recoded", "decode", "own_uint8_weights", "recode"]
