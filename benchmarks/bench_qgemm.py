@@ -8,8 +8,8 @@ instruction-set path, and the onnxruntime engine with and without it on DeiT mod
 ``smlal``, ``sdot``, i8mm ``smmla``) on DeiT's GEMM shapes (rows = batch * 197 tokens), one thread, through
 the C entry points: GMAC/s (the epilogue included), with onnxruntime's MatMulInteger (uint8 x int8, one
 thread, int32 out, no Requantize) on the same shape for scale. ``--model``: the engine's session on
-``int.onnx`` (built as ``bench_validate.py`` builds it) with the compile step's QGemm fusion on and off,
-interleaved with onnxruntime FP32; the two must give the same bits.
+``int.onnx`` (built as ``bench_validate.py`` builds it) with the compile step's QGemm fusion on, on without
+attention's QBatchMatMul, and off, interleaved with onnxruntime FP32; all must give the same bits.
 """
 
 from __future__ import annotations
@@ -120,15 +120,18 @@ def model(name: str, out: Path, batch: int, threads: int, iters: int) -> bool:
     fp32 = ort.InferenceSession(str(paths["fp32"]), session_options(threads), providers=cpu)
     on = InferenceSession(integer, threads=threads)
     off = InferenceSession(integer, threads=threads, qgemm=False)
+    no_attn = InferenceSession(integer, threads=threads, qbatch=False)
     cands = {"fp32 (onnxruntime)": lambda: fp32.run(None, feeds),
              "int: library, QGemm": lambda: on.run(None, feeds),
+             "int: library, QGemm, no QBatchMatMul": lambda: no_attn.run(None, feeds),
              "int: library, no QGemm": lambda: off.run(None, feeds)}
     report = bench.bench(cands, batch=batch, iters=iters, baseline="fp32 (onnxruntime)", threads=threads,
                          title=f"\n{name} 224², batch {batch}, {threads} threads")
     print(report.text(device=False))
     print(f"QGemm: {on.describe()}")
-    same = bench.same_bits(on.run(None, feeds), off.run(None, feeds))
-    print(f"exact: QGemm == no QGemm: {'yes' if same else 'no'}")
+    ref = off.run(None, feeds)
+    same = bench.same_bits(on.run(None, feeds), ref) and bench.same_bits(no_attn.run(None, feeds), ref)
+    print(f"exact: QGemm == QGemm without QBatchMatMul == no QGemm: {'yes' if same else 'no'}")
     return same
 
 

@@ -806,3 +806,67 @@ std::string check_qgemm() {
 }
 
 }  // namespace ivit
+
+// ---------------------------------------------------------------------------------- repacking B (qbatch_op.cpp)
+// A new B for a packed GEMM of the same K and N, so that a GEMM whose B is an activation (attention's Q·Kᵀ,
+// P·V) packs it in O(K N) per call without ivit_qgemm_create's allocations and parameter set-up: B[k][n] is
+// b[k * ldk + n * ldn] ^ flip (flip 0x80: a uint8 B re-encoded as int8), its zero point zb (one value). It
+// writes the layout ivit_qgemm_create writes (tiles of lay.nr columns, groups of lay.kstep k, into b8 or b16):
+// a path packed otherwise must be handled here too (tests/opset/test_qbatch.py runs every path; tests/arm/run.sh
+// runs it on the NEON, sdot and i8mm paths).
+namespace {
+// dst: tiles of nr columns, each [kp / KS][nr][KS]; written group by group of KS k (contiguous stores), the
+// k past K left as create zeroed them; colsum[j] += the column's values
+template <int KS, class T>
+void repack_b(T* dst, const uint8_t* b, i64 k, i64 n, i64 kp, i64 nr, i64 ldk, i64 ldn, uint8_t f,
+              uint32_t* colsum) {
+  for (i64 k0 = 0; k0 < k; k0 += KS) {
+    const i64 ks = std::min<i64>(KS, k - k0);
+    T* group = dst + (k0 / KS) * nr * KS;
+    for (i64 j0 = 0; j0 < n; j0 += nr, group += kp * nr) {
+      const i64 cols = std::min(nr, n - j0);
+      for (i64 jj = 0; jj < cols; ++jj) {
+        const uint8_t* src = b + (j0 + jj) * ldn + k0 * ldk;
+        T* d = group + jj * KS;
+        int32_t sum = 0;
+        if (ks == KS) {
+          for (int s = 0; s < KS; ++s) {
+            const int8_t v = static_cast<int8_t>(src[s * ldk] ^ f);
+            d[s] = v;
+            sum += v;
+          }
+        } else {
+          for (i64 s = 0; s < ks; ++s) {
+            const int8_t v = static_cast<int8_t>(src[s * ldk] ^ f);
+            d[s] = v;
+            sum += v;
+          }
+        }
+        colsum[j0 + jj] += static_cast<uint32_t>(sum);
+      }
+    }
+  }
+}
+}  // namespace
+
+extern "C" void ivit_qgemm_repack(void* gp, const uint8_t* b, int64_t ldk, int64_t ldn, int flip, int64_t zb) {
+  QGemm& g = *static_cast<QGemm*>(gp);
+  const i64 k = g.k, n = g.n, nr = g.lay.nr, kstep = g.lay.kstep, kp = g.kp;
+  const uint8_t f = static_cast<uint8_t>(flip);
+  std::vector<uint32_t> colsum(n, 0);
+  auto pack = [&](auto* dst) {  // the layout ivit_qgemm_create packs (k groups of lay.kstep: 1, 2, 4 or 8)
+    switch (kstep) {
+      case 1: repack_b<1>(dst, b, k, n, kp, nr, ldk, ldn, f, colsum.data()); break;
+      case 2: repack_b<2>(dst, b, k, n, kp, nr, ldk, ldn, f, colsum.data()); break;
+      case 4: repack_b<4>(dst, b, k, n, kp, nr, ldk, ldn, f, colsum.data()); break;
+      default: repack_b<8>(dst, b, k, n, kp, nr, ldk, ldn, f, colsum.data()); break;
+    }
+  };
+  if (!g.b8.empty()) pack(g.b8.data()); else pack(g.b16.data());
+  const uint32_t zbj = static_cast<uint32_t>(zb), zae = static_cast<uint32_t>(g.za_enc);
+  for (i64 j = 0; j < n; ++j) {
+    g.zb[j] = static_cast<int32_t>(zbj);
+    g.corr[j] = static_cast<int32_t>(zae * colsum[j] - static_cast<uint32_t>(k) * zae * zbj);
+  }
+  g.zb_zero = zb == 0;
+}

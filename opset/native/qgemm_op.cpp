@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "ort_abi.h"
+#include "ort_op.h"
 #include "ort_tensor.h"
-#include "parallel.h"
 #include "qgemm.h"
 
 namespace {
@@ -26,20 +26,11 @@ Sig* api(ort::Slot s) { return g_api->fn<Sig>(s); }
 // const Value** out); not in ort_abi.h's list, which other parts of the library share.
 constexpr int CONSTANT_INPUT_SLOT = 249;
 
-struct Error {
-  std::string msg;
-};
+using Error = ivit::OrtError;  // what check and the kernel throw
 
-void check(ort::Status* s) {
-  if (!s) return;
-  std::string msg = api<const char*(const ort::Status*)>(ort::GetErrorMessage)(s);
-  api<void(ort::Status*)>(ort::ReleaseStatus)(s);
-  throw Error{msg};
-}
+void check(ort::Status* s) { ivit::ort_check(g_api, s); }
 
-ort::Status* status(const std::string& msg) {
-  return api<ort::Status*(ort::ErrorCode, const char*)>(ort::CreateStatus)(ort::INVALID_ARGUMENT, msg.c_str());
-}
+ort::Status* status(const std::string& msg) { return ivit::ort_error(g_api, msg); }
 
 using Tensor = ivit::OrtTensor;
 
@@ -62,17 +53,6 @@ bool has_table(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op
 
 const char* name_of(bool table) { return table ? "QGemmTable" : "QGemm"; }
 
-std::string node_name(const ort::KernelInfo* info) {
-  char buf[512];
-  size_t size = sizeof(buf);
-  ort::Status* s = api<ort::Status*(const ort::KernelInfo*, char*, size_t*)>(ort::KernelInfo_GetNodeName)(info, buf, &size);
-  if (s) {
-    api<void(ort::Status*)>(ort::ReleaseStatus)(s);
-    return "?";
-  }
-  return buf;
-}
-
 Tensor constant(const ort::KernelInfo* info, size_t i) {
   int is_const = 0;
   const ort::Value* v = nullptr;
@@ -92,7 +72,7 @@ std::vector<i64> per_column(const Tensor& t, i64 n, const char* what) {
 
 ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelInfo* info, void** out) {
   const bool table = has_table(op);
-  const std::string node = node_name(info);
+  const std::string node = ivit::ort_node_name(g_api, info);
   try {
     i64 attr[2];
     const char* names[2] = {"qmin", "qmax"};
@@ -128,21 +108,6 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
   }
 }
 
-struct PoolScope {  // the kernel's chunks run on onnxruntime's intra-op pool while this is alive
-  ivit::ParallelHook old;
-  explicit PoolScope(ort::KernelContext* ctx) : old(ivit::set_parallel_hook({&run, ctx})) {}
-  ~PoolScope() { ivit::set_parallel_hook(old); }
-  static void run(void* ctx, void (*fn)(void*, size_t), size_t total, void* data) {
-    using ParallelFor = ort::Status*(const ort::KernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
-    ort::Status* s = api<ParallelFor>(ort::KernelContext_ParallelFor)(static_cast<ort::KernelContext*>(ctx), fn,
-                                                                      total, 0, data);
-    if (s) {  // no pool: run the chunks here
-      api<void(ort::Status*)>(ort::ReleaseStatus)(s);
-      for (size_t t = 0; t < total; ++t) fn(data, t);
-    }
-  }
-};
-
 ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
   const Kernel& k = *static_cast<const Kernel*>(kernel);
   try {
@@ -160,7 +125,7 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
     const Tensor y = read(out);
     const i64 rows = a.size / k.k;
     if (rows == 0) return nullptr;
-    PoolScope pool(ctx);
+    ivit::OrtPoolScope pool(g_api, ctx);
     ivit_qgemm_run(k.gemm, a.data, rows, const_cast<void*>(y.data), 1);
     return nullptr;
   } catch (const Error& e) {
@@ -169,11 +134,8 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
 }
 
 QOp make(bool table) {
-  ort::CustomOp o{};
-  o.version = ort::API_VERSION;
-  o.CreateKernel = [](const ort::CustomOp*, const ort::Api*, const ort::KernelInfo*) -> void* { return nullptr; };
+  ort::CustomOp o = ivit::ort_custom_op();
   o.GetName = [](const ort::CustomOp* op) { return name_of(has_table(op)); };
-  o.GetExecutionProviderType = [](const ort::CustomOp*) -> const char* { return nullptr; };
   // A, a_zero_point: int8 or uint8; B, b_zero_point int8; x_zero_point int32; multiplier, shift int64;
   // y_zero_point and the table: the output's type (undefined: checked when the kernel is created)
   o.GetInputType = [](const ort::CustomOp*, size_t i) {
@@ -184,22 +146,12 @@ QOp make(bool table) {
   o.GetInputTypeCount = [](const ort::CustomOp* op) -> size_t { return has_table(op) ? 9 : 8; };
   o.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::UNDEFINED; };
   o.GetOutputTypeCount = [](const ort::CustomOp*) -> size_t { return 1; };
-  o.KernelCompute = [](void*, ort::KernelContext*) {};
   o.KernelDestroy = [](void* k) {
     ivit_qgemm_destroy(static_cast<Kernel*>(k)->gemm);
     delete static_cast<Kernel*>(k);
   };
-  o.GetInputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::REQUIRED; };
-  o.GetOutputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::OPTIONAL; };  // as ort_ops.cpp's
-  o.GetInputMemoryType = [](const ort::CustomOp*, size_t) { return 0; };
-  o.GetVariadicInputMinArity = [](const ort::CustomOp*) { return 1; };
-  o.GetVariadicInputHomogeneity = [](const ort::CustomOp*) { return 0; };
-  o.GetVariadicOutputMinArity = [](const ort::CustomOp*) { return 1; };
-  o.GetVariadicOutputHomogeneity = [](const ort::CustomOp*) { return 0; };
   o.CreateKernelV2 = create;
   o.KernelComputeV2 = compute;
-  o.GetStartVersion = [](const ort::CustomOp*) { return 1; };
-  o.GetEndVersion = [](const ort::CustomOp*) { return 1; };
   return QOp{o, table};
 }
 

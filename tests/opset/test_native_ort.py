@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import itertools
 import json
 import os
@@ -142,6 +143,14 @@ def test_fresh_process_every_op_and_dtype_pair():
     assert_all_pairs_pass(run_fresh(native_library(), examples=3))
 
 
+def _setup_sources() -> list[str]:
+    """setup.py's SOURCES, the library's C++ files (its setup() runs only as __main__)."""
+    spec = importlib.util.spec_from_file_location("ivit_setup", ROOT / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SOURCES
+
+
 @pytest.mark.skipif(
     not (SOURCES / "ort_ops.cpp").exists() or shutil.which("g++") is None,
     reason="needs the C++ sources and g++",
@@ -149,7 +158,7 @@ def test_fresh_process_every_op_and_dtype_pair():
 @pytest.mark.slow
 def test_sanitized_build_on_every_op_and_dtype_pair(tmp_path):
     """The library built with -fsanitize=address,undefined (any report aborts) passes the same check, and the
-    fused ops' tests (tests/opset/test_native_fused.py).
+    fused ops' and the attention GEMMs' tests (tests/opset/test_native_fused.py, test_qbatch.py).
 
     Marked slow (about two minutes, mostly compiling); ``.ci/run`` runs it as a step of its own.
     """
@@ -172,8 +181,7 @@ def test_sanitized_build_on_every_op_and_dtype_pair(tmp_path):
             "-fsanitize=address,undefined",
             "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer",
-            *(str(SOURCES / f)
-              for f in ("kernels.cpp", "ort_ops.cpp", "gemm_check.cpp", "qgemm.cpp", "qgemm_op.cpp")),
+            *(str(ROOT / f) for f in _setup_sources()),
             "-o",
             str(lib),
         ],
@@ -188,11 +196,12 @@ def test_sanitized_build_on_every_op_and_dtype_pair(tmp_path):
         "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
     }
     assert_all_pairs_pass(run_fresh(str(lib), examples=2, env=env))
-    # the fused ops of ai.ivit.fused on their own tests, but for the refusal: a C++ throw aborts under a
-    # preloaded libasan (its __cxa_throw interceptor finds no real one), so refusals are not run here. The
-    # process ends with os._exit: onnxruntime's pool threads can outlive the exit handlers (a use-after-free
-    # inside onnxruntime at exit, seen under ASAN), which is not what this checks.
-    args = ["-q", "-p", "no:cacheprovider", "-k", "not refused", "tests/opset/test_native_fused.py"]
+    # the fused ops of ai.ivit.fused and QBatchMatMul on their own tests, but for the refusals: a C++
+    # throw aborts under a preloaded libasan (its __cxa_throw interceptor finds no real one), so refusals are
+    # not run here. The process ends with os._exit: onnxruntime's pool threads can outlive the exit handlers
+    # (a use-after-free inside onnxruntime at exit, seen under ASAN), which is not what this checks.
+    args = ["-q", "-p", "no:cacheprovider", "-k", "not refused and not bad_operands",
+            "tests/opset/test_native_fused.py", "tests/opset/test_qbatch.py"]
     script = f"import os, sys, pytest\ncode = pytest.main({args!r})\nsys.stdout.flush()\nos._exit(code)"
     fused = subprocess.run(
         [sys.executable, "-c", script],

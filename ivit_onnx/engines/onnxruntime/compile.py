@@ -18,6 +18,7 @@ import onnx
 
 from ivit_onnx.weights import unshare_gemm_weights
 
+from .attn_fold import fold_attention
 from .bias_fold import fold_bias
 from .chain_fold import fold_chains
 from .patch_gemm import patch_gemm
@@ -63,6 +64,8 @@ class Compiled:
         done += [f"{c['patch_gemm']} patch ConvInteger as MatMulInteger"] if c.get("patch_gemm") else []
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
         done += [f"{c['qgemm']} GEMM + Requantize pairs as the library's QGemm"] if c.get("qgemm") else []
+        done += [f"{c['qbatch']} activation GEMMs (attention) as the library's QBatchMatMul"] if c.get(
+            "qbatch") else []
         return "; ".join(done)
 
 
@@ -84,7 +87,8 @@ def is_artifact(model: onnx.ModelProto) -> bool:
 
 
 def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bool = True, patch: bool = True,
-                  chain_fold: bool = True, qgemm: bool = True, keep=frozenset()) -> Compiled:
+                  chain_fold: bool = True, qgemm: bool = True, qbatch: bool = True,
+                  keep=frozenset()) -> Compiled:
     """Apply the rewrites to a copy of ``model`` (an integer model as converted); ``keep`` names intermediates
     that must survive them (validate's per-layer comparison). ``chain_fold`` writes ops that only the native
     library has."""
@@ -107,6 +111,8 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
     if qgemm and fast_path():
         out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
+        if qbatch:
+            out, counts["qbatch"] = fold_attention(out, keep=set(keep))
     if u8_gemm and (copies := uint8_copies(out, model, recoded)):
         counts["u8_copy"] = copies  # int8 operands nothing could re-encode, where QGemm did not fuse
     if u8_gemm and (moved := own_uint8_weights(out, model)):

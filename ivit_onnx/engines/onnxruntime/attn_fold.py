@@ -1,0 +1,116 @@
+"""Run attention's activation x activation GEMMs (Q·Kᵀ, P·V) on the native library's own exact kernel:
+``MatMulInteger(A, B)`` with neither operand a constant becomes ``ai.ivit.engine`` QBatchMatMul
+(``opset/native/qbatch_op.cpp``), with a following ``Requantize | RequantizeTable`` fused
+(QBatchMatMulRequantize / QBatchMatMulTable) and a Transpose of B's last two axes absorbed (``trans_b``).
+
+The op computes MatMulInteger's int32 accumulator bit for bit (then the Requantize and its table), so the
+artifact keeps the bits of ``int.onnx``. Rewritten: zero points absent or constant single values;
+Requantize parameters constant per tensor or along the last axis, shifts in 0..62; intermediates (the
+accumulator, the transposed B) that nothing else reads (graph outputs and ``keep`` stay). Runs after
+:mod:`.qgemm_fold`, which takes the GEMMs of constant weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .qgemm_fold import ENGINE_DOMAIN, HEADS, _Graph
+
+#: the fused op of each Requantize form after the GEMM
+FUSED = {"QGemm": "QBatchMatMulRequantize", "QGemmTable": "QBatchMatMulTable"}
+
+
+def _single(gr: _Graph, node: onnx.NodeProto, i: int) -> bool:
+    """Input ``i`` is absent or a constant single value."""
+    if i >= len(node.input) or not node.input[i]:
+        return True
+    v = gr.const(node, i)
+    return v is not None and v.size == 1
+
+
+def _transposed(gr: _Graph, tensor: str) -> str | None:
+    """The input of a Transpose that swaps only the last two axes of ``tensor``, if nothing else reads it."""
+    node = gr.producer.get(tensor)
+    if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return None
+    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+    if perm is None or len(perm) < 2 or perm != [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2]:
+        return None
+    return node.input[0] if gr.only_use(tensor) else None
+
+
+def _head(gr: _Graph, gemm: onnx.NodeProto, g: onnx.GraphProto):
+    """The Requantize (or RequantizeTable) that alone reads the accumulator and that the op can take, with
+    its inputs as the op wants them, or None."""
+    out = gemm.output[0]
+    if not gr.only_use(out):
+        return None
+    head = gr.uses[out][0][0]
+    if (head.domain, head.op_type) not in HEADS or gr.uses[out][0][1] != 0:
+        return None
+    zx, mult, shift, zy = (gr.const(head, i) for i in (1, 2, 3, 4))
+    params = (zx, mult, shift)
+    if any(v is None or v.ndim > 1 for v in params) or zy is None or zy.size != 1:
+        return None
+    if mult.dtype != np.int64 or shift.dtype != np.int64 or np.any(shift < 0) or np.any(shift > 62):
+        return None
+    if zx.dtype.kind not in "iu" or np.any(np.abs(zx.astype(np.int64)) >= 1 << 31):
+        return None
+    zx_name = head.input[1]
+    if zx.dtype != np.int32:  # the op reads x_zero_point as int32
+        zx_name = f"{head.name or head.output[0]}_qbatch_x_zero_point"
+        g.initializer.append(numpy_helper.from_array(zx.astype(np.int32), zx_name))
+    return head, [zx_name, *head.input[2:]]
+
+
+def fold_attention(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProto, int]:
+    """A copy of ``model`` with every MatMulInteger of two activations on the library's kernel; returns it
+    and how many were rewritten."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    gr = _Graph(g, keep)
+    replace: dict[int, onnx.NodeProto] = {}
+    dead: set[int] = set()
+    for i, gemm in enumerate(list(g.node)):
+        if gemm.op_type != "MatMulInteger" or gemm.domain not in ("", "ai.onnx"):
+            continue
+        if gr.const(gemm, 0) is not None or gr.const(gemm, 1) is not None:
+            continue
+        if not (_single(gr, gemm, 2) and _single(gr, gemm, 3)):
+            continue
+        a, b = gemm.input[0], gemm.input[1]
+        zps = [gemm.input[j] if j < len(gemm.input) else "" for j in (2, 3)]
+        attrs = {}
+        source = _transposed(gr, b)
+        if source is not None:
+            dead.add(id(gr.producer[b]))
+            b, attrs["trans_b"] = source, 1
+        found = _head(gr, gemm, g)
+        tag = f"{gemm.name or gemm.output[0]}_qbatch_{i}"
+        if found is None:
+            node = helper.make_node(
+                "QBatchMatMul", [a, b, *zps], [gemm.output[0]], name=tag, domain=ENGINE_DOMAIN, **attrs
+            )
+        else:
+            head, params = found
+            op = FUSED[HEADS[(head.domain, head.op_type)]]
+            attrs |= {x.name: x.i for x in head.attribute if x.name in ("qmin", "qmax")}
+            node = helper.make_node(
+                op, [a, b, *zps, *params], [head.output[0]], name=tag, domain=ENGINE_DOMAIN, **attrs
+            )
+            dead.add(id(head))
+        replace[id(gemm)] = node
+    if not replace:
+        return out, 0
+    nodes = [replace.get(id(n), n) for n in g.node if id(n) not in dead]
+    del g.node[:]
+    g.node.extend(nodes)
+    if not any(o.domain == ENGINE_DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(ENGINE_DOMAIN, 1))
+    return out, len(replace)
+
+
+__all__ = ["fold_attention"]

@@ -1,0 +1,320 @@
+// Attention's activation x activation GEMMs (Q·Kᵀ, P·V) on the library's own exact kernel (qgemm.h), as
+// onnxruntime custom ops of domain ai.ivit.engine, which only the onnxruntime engine's compile step writes
+// (ivit_onnx/engines/onnxruntime/attn_fold.py):
+//   QBatchMatMul(A, B, a_zero_point?, b_zero_point?) -> int32 y = MatMulInteger(A, B, za, zb), bit for bit
+//   QBatchMatMulRequantize(A, B, za?, zb?, x_zero_point, multiplier, shift, y_zero_point) -> Requantize(that)
+//   QBatchMatMulTable(..., y_zero_point, table) -> table[Requantize(that) - qmin]  (RequantizeTable)
+// attributes qmin, qmax (the Requantize forms), trans_b (B given as [..., N, K]: a Transpose of its last two
+// axes absorbed). A [..., M, K], B [..., K, N]: int8 or uint8, batch axes broadcast as MatMul's; zero points
+// single values; the Requantize parameters 1 or N values. Every input is read when the node runs.
+//
+// Each GEMM repacks its B into a packed GEMM kept from earlier runs (ivit_qgemm_repack: O(K N) against the
+// O(M K N) of the GEMM; ivit_qgemm_create per GEMM cost more than the GEMM at attention's sizes): a uint8 B
+// with zero point zb is the int8 B ^ 0x80 with zero point zb - 128, exactly. The GEMMs are split over
+// onnxruntime's intra-op pool (one thread: one core); with fewer than 8, each runs on the pool.
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ort_abi.h"
+#include "ort_op.h"
+#include "ort_tensor.h"
+#include "qgemm.h"
+
+// qgemm.cpp: a new B (b[k * ldk + n * ldn] ^ flip, zero point zb) for a packed GEMM of the same K and N
+extern "C" void ivit_qgemm_repack(void* g, const uint8_t* b, int64_t ldk, int64_t ldn, int flip, int64_t zb);
+
+namespace {
+
+using i64 = int64_t;
+const ort::Api* g_api = nullptr;
+
+enum Form : int { INT32 = 0, REQUANTIZE = 1, TABLE = 2 };
+const char* const NAMES[] = {"QBatchMatMul", "QBatchMatMulRequantize", "QBatchMatMulTable"};
+
+using Error = ivit::OrtError;  // what check and the kernel throw
+
+void check(ort::Status* s) { ivit::ort_check(g_api, s); }
+
+ivit::OrtTensor read(const ort::Value* v) { return ivit::read_tensor(g_api, v, check); }
+
+// Packed GEMMs of one node, kept across runs for their buffers and epilogue (only B changes between the
+// GEMMs of a run): one per GEMM running at a time; all dropped when the parameters (key) change.
+struct Cache {
+  std::mutex lock;
+  std::vector<i64> key;
+  i64 generation = 0;
+  std::vector<void*> free;
+  ~Cache() {
+    for (void* g : free) ivit_qgemm_destroy(g);
+  }
+};
+
+struct Kernel {
+  int form;
+  i64 qmin, qmax, trans_b;
+  std::string node;
+  Cache cache;
+};
+
+struct BatchOp {
+  ort::CustomOp base;
+  int form;
+};
+
+int form_of(const ort::CustomOp* op) { return reinterpret_cast<const BatchOp*>(op)->form; }
+
+i64 attribute(const ort::KernelInfo* info, const char* name, i64 otherwise) {
+  i64 v = otherwise;
+  ort::Status* s = g_api->fn<ort::Status*(const ort::KernelInfo*, const char*, int64_t*)>(
+      ort::KernelInfoGetAttribute_int64)(info, name, &v);
+  if (s) {
+    g_api->fn<void(ort::Status*)>(ort::ReleaseStatus)(s);
+    if (otherwise == INT64_MIN) throw Error{std::string("attribute ") + name + " is required"};
+    return otherwise;
+  }
+  return v;
+}
+
+ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelInfo* info, void** out) {
+  const int form = form_of(op);
+  const std::string node = ivit::ort_node_name(g_api, info);
+  try {
+    const bool rq = form != INT32;
+    const i64 qmin = rq ? attribute(info, "qmin", INT64_MIN) : INT32_MIN;
+    const i64 qmax = rq ? attribute(info, "qmax", INT64_MIN) : INT32_MAX;
+    if (qmin > qmax) throw Error{"qmin must not exceed qmax"};
+    *out = new Kernel{form, qmin, qmax, attribute(info, "trans_b", 0), node, {}};
+    return nullptr;
+  } catch (const Error& e) {
+    return ivit::ort_error(g_api, std::string("ai.ivit.engine ") + NAMES[form] + " node '" + node +
+                                      "' refused: " + e.msg);
+  }
+}
+
+// One node run's shared view: the operands, their batch offsets and the epilogue's parameters.
+struct Job {
+  const uint8_t* a;
+  const uint8_t* b;
+  uint8_t* y;
+  i64 m, k, n, ysize;  // ysize: bytes per output element
+  bool a_u8, b_u8, trans_b;
+  std::vector<i64> a_off, b_off;  // per GEMM, in elements
+  i64 za, zb;
+  std::vector<i64> zx, mult, shift;
+  std::vector<int32_t> table;
+  i64 zy, qmin, qmax;
+  int out_code;
+  Cache* cache;
+  i64 generation;
+  const char* err = nullptr;  // a refusal of ivit_qgemm_create
+};
+
+// A packed GEMM of the job's shape and parameters (its B arbitrary), from the cache or new; null on a refusal.
+void* acquire(Job& j) {
+  {
+    std::lock_guard<std::mutex> guard(j.cache->lock);
+    if (!j.cache->free.empty()) {
+      void* g = j.cache->free.back();
+      j.cache->free.pop_back();
+      return g;
+    }
+  }
+  thread_local std::vector<int8_t> zeros;
+  zeros.assign(j.k * j.n, 0);
+  const i64 zb = 0, nch = static_cast<i64>(j.zx.size());
+  const char* err = nullptr;
+  void* g = ivit_qgemm_create(0, j.a_u8 ? 1 : 0, j.k, j.n, zeros.data(), &zb, 1, j.za, j.zx.data(), j.mult.data(),
+                              j.shift.data(), nch, j.zy, j.qmin, j.qmax, j.table.empty() ? nullptr : j.table.data(),
+                              j.out_code, &err);
+  if (!g) j.err = err;
+  return g;
+}
+
+void release(Job& j, void* g) {
+  std::lock_guard<std::mutex> guard(j.cache->lock);
+  if (j.cache->generation == j.generation) j.cache->free.push_back(g); else ivit_qgemm_destroy(g);
+}
+
+// GEMM g of the job: its B packed (uint8 re-encoded, trans_b read transposed), then the rows of A.
+void run_one(void* data, size_t g) {
+  Job& j = *static_cast<Job*>(data);
+  void* gemm = acquire(j);
+  if (!gemm) return;
+  const i64 ldk = j.trans_b ? 1 : j.n, ldn = j.trans_b ? j.k : 1;
+  ivit_qgemm_repack(gemm, j.b + j.b_off[g], ldk, ldn, j.b_u8 ? 0x80 : 0, j.b_u8 ? j.zb - 128 : j.zb);
+  ivit_qgemm_run(gemm, j.a + j.a_off[g], j.m, j.y + static_cast<i64>(g) * j.m * j.n * j.ysize, 1);
+  release(j, gemm);
+}
+
+i64 single(const ort::Value* v, const char* what) {
+  if (!v) return 0;
+  const ivit::OrtTensor t = read(v);
+  if (t.size != 1) throw Error{std::string(what) + " must be a single value"};
+  return t.at(0);
+}
+
+std::vector<i64> per_column(const ort::Value* v, i64 n, const char* what) {
+  const ivit::OrtTensor t = read(v);
+  if (t.shape.size() > 1 || (t.size != 1 && t.size != n)) throw Error{std::string(what) + " must have 1 or N values"};
+  std::vector<i64> out(t.size);
+  for (i64 i = 0; i < t.size; ++i) out[i] = t.at(i);
+  return out;
+}
+
+ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
+  const Kernel& kn = *static_cast<const Kernel*>(kernel);
+  try {
+    auto input = [&](size_t i) { return ivit::ort_input(g_api, ctx, i); };
+    const ivit::OrtTensor a = read(input(0)), b = read(input(1));
+    for (const auto* t : {&a, &b}) {
+      if (t->elem != ort::INT8 && t->elem != ort::UINT8) throw Error{"A and B must be int8 or uint8"};
+      if (t->shape.empty()) throw Error{"A and B must have at least 1 axis"};
+    }
+    Job j{};
+    j.trans_b = kn.trans_b != 0;
+    // a 1-D A is one row [1, K], a 1-D B one column [K, 1] (MatMul's promotion; the axis is dropped after)
+    std::vector<i64> as = a.shape, bs = b.shape;
+    const bool a_row = as.size() == 1, b_col = bs.size() == 1;
+    if (a_row) as.insert(as.begin(), 1);
+    if (b_col) {
+      if (j.trans_b) throw Error{"trans_b needs a B of at least 2 axes"};
+      bs.push_back(1);
+    }
+    const size_t ra = as.size(), rb = bs.size(), r = std::max(ra, rb);
+    j.m = as[ra - 2], j.k = as[ra - 1];
+    const i64 kb = bs[rb - (j.trans_b ? 1 : 2)];
+    j.n = bs[rb - (j.trans_b ? 2 : 1)];
+    if (kb != j.k) throw Error{"A's K = " + std::to_string(j.k) + " differs from B's " + std::to_string(kb)};
+    // the batch axes, broadcast; each GEMM's offset into A and B
+    std::vector<i64> shape(r - 2), sa(r - 2, 0), sb(r - 2, 0);
+    i64 stride_a = j.m * j.k, stride_b = j.k * j.n;
+    for (size_t i = r - 2; i-- > 0;) {
+      const i64 da = i + ra >= r ? as[i + ra - r] : 1, db = i + rb >= r ? bs[i + rb - r] : 1;
+      if (da != db && da != 1 && db != 1) throw Error{"the batch axes of A and B do not broadcast"};
+      shape[i] = da == 1 ? db : da;
+      sa[i] = da == 1 ? 0 : stride_a, sb[i] = db == 1 ? 0 : stride_b;
+      stride_a *= da, stride_b *= db;
+    }
+    i64 count = 1;
+    for (i64 d : shape) count *= d;
+    j.a_off.resize(count), j.b_off.resize(count);
+    for (i64 g = 0; g < count; ++g) {
+      i64 rest = g, oa = 0, ob = 0;
+      for (size_t i = shape.size(); i-- > 0;) {
+        const i64 idx = rest % shape[i];
+        rest /= shape[i];
+        oa += idx * sa[i], ob += idx * sb[i];
+      }
+      j.a_off[g] = oa, j.b_off[g] = ob;
+    }
+    j.a = static_cast<const uint8_t*>(a.data), j.b = static_cast<const uint8_t*>(b.data);
+    j.a_u8 = a.elem == ort::UINT8, j.b_u8 = b.elem == ort::UINT8;
+    j.za = single(input(2), "a_zero_point"), j.zb = single(input(3), "b_zero_point");
+    j.qmin = kn.qmin, j.qmax = kn.qmax;
+    int out_elem = ort::INT32;
+    if (kn.form == INT32) {
+      j.zx = {0}, j.mult = {1}, j.shift = {0}, j.zy = 0;
+    } else {
+      j.zx = per_column(input(4), j.n, "x_zero_point");
+      j.mult = per_column(input(5), j.n, "multiplier");
+      j.shift = per_column(input(6), j.n, "shift");
+      const ivit::OrtTensor zy = read(input(7));
+      if (zy.size != 1) throw Error{"y_zero_point must be a single value"};
+      j.zy = zy.at(0), out_elem = zy.elem;
+      // the per-column parameters as N values where any one is (ivit_qgemm_create takes one count)
+      const bool wide = j.zx.size() > 1 || j.mult.size() > 1 || j.shift.size() > 1;
+      for (auto* v : {&j.zx, &j.mult, &j.shift})
+        if (wide && v->size() == 1) v->assign(j.n, v->front());
+      if (kn.form == TABLE) {
+        const ivit::OrtTensor t = read(input(8));
+        if (t.shape.size() != 1 || t.size != kn.qmax - kn.qmin + 1)
+          throw Error{"the table must be 1-D with qmax - qmin + 1 entries"};
+        for (i64 i = 0; i < t.size; ++i) j.table.push_back(static_cast<int32_t>(t.at(i)));
+        out_elem = t.elem;
+      }
+    }
+    j.out_code = ivit::kernel_code(out_elem);
+    if (j.out_code < 0) throw Error{"the output must be int8, uint8, int16 or int32"};
+    j.ysize = j.out_code == 3 ? 4 : j.out_code == 2 ? 2 : 1;
+    if (!a_row) shape.push_back(j.m);
+    if (!b_col) shape.push_back(j.n);
+    ort::Value* out = nullptr;
+    check(g_api->fn<ort::Status*(ort::KernelContext*, size_t, const int64_t*, size_t, ort::Value**)>(
+        ort::KernelContext_GetOutput)(ctx, 0, shape.data(), shape.size(), &out));
+    const ivit::OrtTensor y = read(out);
+    if (y.elem != out_elem) throw Error{"the output's type differs from y_zero_point's"};
+    j.y = static_cast<uint8_t*>(const_cast<void*>(y.data));
+    if (count == 0 || j.m == 0 || j.n == 0) return nullptr;
+    if (j.k == 0) throw Error{"K must be at least 1"};
+    // the packed GEMMs of earlier runs serve where the parameters are the same
+    std::vector<i64> key = {j.a_u8, j.k, j.n, j.za, j.zy, j.qmin, j.qmax, j.out_code};
+    for (const auto* v : {&j.zx, &j.mult, &j.shift}) key.insert(key.end(), v->begin(), v->end());
+    key.insert(key.end(), j.table.begin(), j.table.end());
+    Kernel& mut = *static_cast<Kernel*>(kernel);
+    j.cache = &mut.cache;
+    {
+      std::lock_guard<std::mutex> guard(mut.cache.lock);
+      if (mut.cache.key != key) {
+        for (void* g : mut.cache.free) ivit_qgemm_destroy(g);
+        mut.cache.free.clear();
+        mut.cache.key = std::move(key);
+        ++mut.cache.generation;
+      }
+      j.generation = mut.cache.generation;
+    }
+    // many GEMMs: one per task on the pool; few: one after another, each on the pool
+    if (count >= 8) {
+      ivit::ort_parallel_for(g_api, ctx, run_one, static_cast<size_t>(count), &j);
+    } else {
+      ivit::OrtPoolScope pool(g_api, ctx);
+      for (i64 g = 0; g < count; ++g) run_one(&j, static_cast<size_t>(g));
+    }
+    if (j.err) throw Error{j.err};
+    return nullptr;
+  } catch (const Error& e) {
+    return ivit::ort_error(g_api, std::string("ai.ivit.engine ") + NAMES[kn.form] + " node '" + kn.node + "': " + e.msg);
+  }
+}
+
+BatchOp make(int form) {
+  ort::CustomOp o = ivit::ort_custom_op();
+  o.GetName = [](const ort::CustomOp* op) { return NAMES[form_of(op)]; };
+  // A, B, a_zero_point, b_zero_point: int8 or uint8; x_zero_point int32; multiplier, shift int64; y_zero_point
+  // and the table: the output's type (onnxruntime gives the output the last undefined input's type)
+  o.GetInputType = [](const ort::CustomOp*, size_t i) {
+    static const ort::ElemType types[] = {ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED, ort::INT32,
+                                          ort::INT64,     ort::INT64,     ort::UNDEFINED, ort::UNDEFINED};
+    return types[i];
+  };
+  o.GetInputTypeCount = [](const ort::CustomOp* op) -> size_t {
+    const int f = form_of(op);
+    return f == INT32 ? 4 : f == REQUANTIZE ? 8 : 9;
+  };
+  o.GetInputCharacteristic = [](const ort::CustomOp*, size_t i) {
+    return i == 2 || i == 3 ? ort::OPTIONAL : ort::REQUIRED;
+  };
+  o.GetOutputType = [](const ort::CustomOp* op, size_t) {
+    return form_of(op) == INT32 ? ort::INT32 : ort::UNDEFINED;
+  };
+  o.GetOutputTypeCount = [](const ort::CustomOp*) -> size_t { return 1; };
+  o.KernelDestroy = [](void* k) { delete static_cast<Kernel*>(k); };
+  o.CreateKernelV2 = create;
+  o.KernelComputeV2 = compute;
+  return BatchOp{o, form};
+}
+
+}  // namespace
+
+namespace ivit {
+
+const ort::CustomOp* qbatch_op(const ort::Api* api, int form) {
+  g_api = api;
+  static const BatchOp ops[3] = {make(INT32), make(REQUANTIZE), make(TABLE)};
+  return &ops[form].base;
+}
+
+}  // namespace ivit
