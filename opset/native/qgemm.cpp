@@ -59,8 +59,14 @@
 #ifndef HWCAP2_I8MM
 #define HWCAP2_I8MM (1 << 13)
 #endif
-#elif defined(__APPLE__)
+#else  // no auxiliary vector (macOS reads sysctl): arm_feature ignores these
+#define AT_HWCAP 0
+#define AT_HWCAP2 0
+#define HWCAP_ASIMDDP 0
+#define HWCAP2_I8MM 0
+#if defined(__APPLE__)
 #include <sys/sysctl.h>
+#endif
 #endif
 #else
 #define IVIT_QGEMM_ARM 0
@@ -85,6 +91,24 @@ bool cpu_vbmi() {
 #endif
 }
 
+#if IVIT_QGEMM_ARM
+// Whether the core has an optional feature: a HWCAP bit on Linux, a sysctl on macOS
+bool arm_feature(unsigned long hwcap_word, unsigned long bit, const char* apple_name) {
+#if defined(__linux__)
+  (void)apple_name;
+  return (getauxval(hwcap_word) & bit) != 0;
+#elif defined(__APPLE__)
+  (void)hwcap_word, (void)bit;
+  int v = 0;
+  size_t len = sizeof(v);
+  return sysctlbyname(apple_name, &v, &len, nullptr, 0) == 0 && v;
+#else
+  (void)hwcap_word, (void)bit, (void)apple_name;
+  return false;
+#endif
+}
+#endif
+
 bool cpu_has(int isa) {
   if (isa == PORTABLE) return true;
 #if IVIT_QGEMM_X86
@@ -97,28 +121,8 @@ bool cpu_has(int isa) {
 #endif
 #if IVIT_QGEMM_ARM
   if (isa == NEON) return true;  // Advanced SIMD is part of every ARMv8-A core
-  if (isa == DOTPROD) {
-#if defined(__linux__)
-    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
-#elif defined(__APPLE__)
-    int v = 0;
-    size_t len = sizeof(v);
-    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, nullptr, 0) == 0 && v;
-#else
-    return false;
-#endif
-  }
-  if (isa == I8MM) {
-#if defined(__linux__)
-    return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
-#elif defined(__APPLE__)
-    int v = 0;
-    size_t len = sizeof(v);
-    return sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &len, nullptr, 0) == 0 && v;
-#else
-    return false;
-#endif
-  }
+  if (isa == DOTPROD) return arm_feature(AT_HWCAP, HWCAP_ASIMDDP, "hw.optional.arm.FEAT_DotProd");
+  if (isa == I8MM) return arm_feature(AT_HWCAP2, HWCAP2_I8MM, "hw.optional.arm.FEAT_I8MM");
 #endif
   return false;
 }
