@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .qgemm_fold import ENGINE_DOMAIN, HEADS, _Graph
+from .qgemm_fold import ENGINE_DOMAIN, HEADS, _Graph, apply, requantize_params
 
 #: the fused op of each Requantize form after the GEMM
 FUSED = {"QGemm": "QBatchMatMulRequantize", "QGemmTable": "QBatchMatMulTable"}
@@ -50,12 +50,10 @@ def _head(gr: _Graph, gemm: onnx.NodeProto, g: onnx.GraphProto):
     head = gr.uses[out][0][0]
     if (head.domain, head.op_type) not in HEADS or gr.uses[out][0][1] != 0:
         return None
-    zx, mult, shift, zy = (gr.const(head, i) for i in (1, 2, 3, 4))
-    params = (zx, mult, shift)
-    if any(v is None or v.ndim > 1 for v in params) or zy is None or zy.size != 1:
+    params = requantize_params(gr, head)
+    if params is None or any(v.ndim > 1 for v in params[:3]):
         return None
-    if mult.dtype != np.int64 or shift.dtype != np.int64 or np.any(shift < 0) or np.any(shift > 62):
-        return None
+    zx = params[0]
     if zx.dtype.kind not in "iu" or np.any(np.abs(zx.astype(np.int64)) >= 1 << 31):
         return None
     zx_name = head.input[1]
@@ -103,14 +101,7 @@ def fold_attention(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.Model
             )
             dead.add(id(head))
         replace[id(gemm)] = node
-    if not replace:
-        return out, 0
-    nodes = [replace.get(id(n), n) for n in g.node if id(n) not in dead]
-    del g.node[:]
-    g.node.extend(nodes)
-    if not any(o.domain == ENGINE_DOMAIN for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(ENGINE_DOMAIN, 1))
-    return out, len(replace)
+    return out, apply(out, replace, dead)
 
 
 __all__ = ["fold_attention"]

@@ -65,6 +65,17 @@ def _per_column(v: np.ndarray | None, n: int) -> bool:
     return v is not None and v.ndim <= 1 and v.size in (1, n)
 
 
+def requantize_params(gr: _Graph, head: onnx.NodeProto):
+    """A Requantize's constant (zx, multiplier, shift, zy) in the forms the engine's ops take (int64
+    multipliers and shifts, shifts in 0..62, one zy), or None."""
+    zx, mult, shift, zy = (gr.const(head, i) for i in (1, 2, 3, 4))
+    if zx is None or mult is None or shift is None or zy is None or zy.size != 1:
+        return None
+    if mult.dtype != np.int64 or shift.dtype != np.int64 or np.any(shift < 0) or np.any(shift > 62):
+        return None
+    return zx, mult, shift, zy
+
+
 def _fused(gr: _Graph, head: onnx.NodeProto, g: onnx.GraphProto, fresh) -> onnx.NodeProto | None:
     """The QGemm node replacing ``head`` and what feeds it, or None where the pattern or a bound fails."""
     found = gr.gemm_of(head.input[0])
@@ -78,11 +89,10 @@ def _fused(gr: _Graph, head: onnx.NodeProto, g: onnx.GraphProto, fresh) -> onnx.
     n = w.shape[1]
     if zw.dtype != np.int8 or not _per_column(zw, n):
         return None
-    zx, mult, shift, zy = (gr.const(head, i) for i in (1, 2, 3, 4))
-    if not all(_per_column(v, n) for v in (zx, mult, shift)) or zy is None or zy.size != 1:
+    params = requantize_params(gr, head)
+    if params is None or not all(_per_column(v, n) for v in params[:3]):
         return None
-    if mult.dtype != np.int64 or shift.dtype != np.int64 or np.any(shift < 0) or np.any(shift > 62):
-        return None
+    zx, mult, shift, zy = params
     zx = zx.astype(np.int64).reshape(-1)
     if bias is not None:
         bound = _column_bound(gr.protos, gemm)
@@ -137,13 +147,21 @@ def fold_qgemm(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProt
         dead.add(id(node))
         if node.op_type == "Add":
             dead.add(id(gr.producer[next(i for i in node.input if i in gr.producer)]))
+    return out, apply(out, replace, dead)
+
+
+def apply(model: onnx.ModelProto, replace: dict[int, onnx.NodeProto], dead: set[int]) -> int:
+    """Put each fused node in place of the node it replaces (by id), drop the ``dead`` ones it absorbed, and
+    declare the engine's domain; returns how many were fused."""
     if not replace:
-        return out, 0
+        return 0
+    g = model.graph
     nodes = [replace.get(id(n), n) for n in g.node if id(n) not in dead]
     del g.node[:]
     g.node.extend(nodes)
-    out.opset_import.append(helper.make_opsetid(ENGINE_DOMAIN, 1))
-    return out, len(replace)
+    if not any(o.domain == ENGINE_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(ENGINE_DOMAIN, 1))
+    return len(replace)
 
 
-__all__ = ["ENGINE_DOMAIN", "fast_path", "fold_qgemm"]
+__all__ = ["ENGINE_DOMAIN", "apply", "fast_path", "fold_qgemm", "requantize_params"]
