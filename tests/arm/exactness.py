@@ -33,20 +33,24 @@ def check(name: str, ok: bool, detail: str) -> None:
         sys.exit(1)
 
 
-def self_check() -> None:
+def register(declared: str | None) -> tuple[str, str]:
+    """(the ivit.gemm_check record, the refusal or "") for options declaring ``declared`` forms
+    (tests/validate/test_gemm_forms.py uses it too)."""
     from ivit_onnx.opset import ort_library
 
-    records = {}
-    for declared in ("0", "1", None):
-        opts = ort.SessionOptions()
-        if declared is not None:
-            opts.add_session_config_entry(ort_library.INT8_GEMMS, declared)
-        try:
-            opts.register_custom_ops_library(ort_library.native_library())
-            error = ""
-        except Exception as e:  # noqa: BLE001 - the refusal is what is checked
-            error = str(e)
-        records[declared] = (opts.get_session_config_entry(ort_library.CHECK), error)
+    opts = ort.SessionOptions()
+    if declared is not None:
+        opts.add_session_config_entry(ort_library.INT8_GEMMS, declared)
+    try:
+        opts.register_custom_ops_library(ort_library.native_library())
+        error = ""
+    except Exception as e:  # noqa: BLE001 - the refusal is what is checked
+        error = str(e)
+    return opts.get_session_config_entry(ort_library.CHECK), error
+
+
+def self_check() -> None:
+    records = {declared: register(declared) for declared in ("0", "1", None)}
     from ivit_onnx.opset.gemm_probe import FAST
 
     record, error = records["0"]

@@ -26,17 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 needs_library = pytest.mark.skipif(not native_kernels.available(), reason="the native library was not built")
 
 
-def _register(declared: str | None) -> tuple[str, str]:
-    """(the ivit.gemm_check record, the refusal or "") for options declaring ``declared`` forms."""
-    opts = ort.SessionOptions()
-    if declared is not None:
-        opts.add_session_config_entry(ort_library.INT8_GEMMS, declared)
-    try:
-        opts.register_custom_ops_library(ort_library.native_library())
-        error = ""
-    except Exception as e:  # noqa: BLE001 - the refusal is what is checked
-        error = str(e)
-    return opts.get_session_config_entry(ort_library.CHECK), error
+sys.path.insert(0, str(ROOT / "tests" / "arm"))
+try:  # the same registration as the ARM checks (which run without pytest)
+    from exactness import register as _register
+finally:
+    sys.path.pop(0)
 
 
 @needs_library
