@@ -232,29 +232,33 @@ IVIT_T_AVX2 void micro_avx2(const int16_t* a, i64 lda, i64 klen, const int16_t* 
 #undef IVIT_ROWS
 
 #define IVIT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+// NV of the tile's 3 vectors of 16 columns: a last, narrow tile (attention's N = 64 or 197) computes only the
+// vectors it has columns in (the epilogue reads no others)
+template <int NV>
 IVIT_T_VNNI void micro_vnni(const uint8_t* a, i64 lda, i64 klen, const int8_t* b, int32_t* out, bool add) {
-#define IVIT_ZERO(r)                                                          \
-  __m512i c##r##0 = add ? _mm512_loadu_si512(out + r * 48) : _mm512_setzero_si512();       \
-  __m512i c##r##1 = add ? _mm512_loadu_si512(out + r * 48 + 16) : _mm512_setzero_si512();  \
-  __m512i c##r##2 = add ? _mm512_loadu_si512(out + r * 48 + 32) : _mm512_setzero_si512();
+#define IVIT_ZERO(r)                                                                                          \
+  __m512i c##r##0 = add ? _mm512_loadu_si512(out + r * 48) : _mm512_setzero_si512();                       \
+  __m512i c##r##1 = add && NV > 1 ? _mm512_loadu_si512(out + r * 48 + 16) : _mm512_setzero_si512();        \
+  __m512i c##r##2 = add && NV > 2 ? _mm512_loadu_si512(out + r * 48 + 32) : _mm512_setzero_si512();
   IVIT_ROWS(IVIT_ZERO)
 #undef IVIT_ZERO
   for (i64 k = 0; k < klen; k += 4, b += 192) {
-    const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64), b2 = _mm512_loadu_si512(b + 128);
+    const __m512i b0 = _mm512_loadu_si512(b);
+    const __m512i b1 = NV > 1 ? _mm512_loadu_si512(b + 64) : b0, b2 = NV > 2 ? _mm512_loadu_si512(b + 128) : b0;
 #define IVIT_STEP(r)                                               \
   {                                                                \
     const __m512i av = _mm512_set1_epi32(load32(a + r * lda + k)); \
     c##r##0 = _mm512_dpbusd_epi32(c##r##0, av, b0);                \
-    c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);                \
-    c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);                \
+    if constexpr (NV > 1) c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1); \
+    if constexpr (NV > 2) c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2); \
   }
     IVIT_ROWS(IVIT_STEP)
 #undef IVIT_STEP
   }
-#define IVIT_STORE(r)                               \
-  _mm512_storeu_si512(out + r * 48, c##r##0);       \
-  _mm512_storeu_si512(out + r * 48 + 16, c##r##1);  \
-  _mm512_storeu_si512(out + r * 48 + 32, c##r##2);
+#define IVIT_STORE(r)                                                    \
+  _mm512_storeu_si512(out + r * 48, c##r##0);                            \
+  if constexpr (NV > 1) _mm512_storeu_si512(out + r * 48 + 16, c##r##1); \
+  if constexpr (NV > 2) _mm512_storeu_si512(out + r * 48 + 32, c##r##2);
   IVIT_ROWS(IVIT_STORE)
 #undef IVIT_STORE
 }
@@ -520,7 +524,7 @@ constexpr i64 KC = 256;  // packed k per block (a multiple of every kstep)
 constexpr i64 NC = 192;  // columns per task (rounded to whole tiles)
 
 template <class TO>
-void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1, TO* y) {
+void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t0, i64 t1, TO* y, i64 ldy) {
   const Layout L = g.lay;
   const i64 kp = g.kp, rows = m1 - m0, padded = (rows + L.mr - 1) / L.mr * L.mr;
   thread_local std::vector<int16_t> a16;
@@ -539,7 +543,7 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
   const bool flip = byte && g.a_code == (sbytes ? 1 : 0);
   const bool direct = byte && !flip && kp == k;
   const i64 in_place = direct ? rows / L.mr * L.mr : 0;
-  const uint8_t* a_rows = static_cast<const uint8_t*>(a_raw) + m0 * k;
+  const uint8_t* a_rows = static_cast<const uint8_t*>(a_raw) + m0 * lda;
   auto byte_sum = [sbytes](const uint8_t* v, i64 n) {
     int32_t s = 0;
     if (sbytes)
@@ -557,9 +561,9 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
     }
     int32_t s = 0;  // the row sums only matter where zb is not 0
     if (r < in_place) {
-      if (!g.zb_zero) s = byte_sum(a_rows + r * k, k);
+      if (!g.zb_zero) s = byte_sum(a_rows + r * lda, k);
     } else if (byte) {
-      const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;
+      const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * lda;
       if (flip) {
         for (i64 j = 0; j < k; ++j) d8[j] = src[j] ^ 0x80;
       } else {
@@ -569,10 +573,10 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
       s = byte_sum(d8, k);
     } else {
       if (g.a_code == 0) {
-        const int8_t* src = static_cast<const int8_t*>(a_raw) + (m0 + r) * k;
+        const int8_t* src = static_cast<const int8_t*>(a_raw) + (m0 + r) * lda;
         for (i64 j = 0; j < k; ++j) d16[j] = src[j];
       } else {
-        const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;
+        const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * lda;
         for (i64 j = 0; j < k; ++j) d16[j] = src[j];
       }
       for (i64 j = k; j < kp; ++j) d16[j] = 0;
@@ -590,20 +594,27 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
         int32_t* out = tile + r0 * L.nr;
         switch (g.isa) {
 #if IVIT_QGEMM_X86
-          case VNNI:
-            micro_vnni((r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen, g.b8.data() + (t * kp + k0) * 48, out,
-                       k0 > 0);
+          case VNNI: {
+            const uint8_t* ar = r0 < in_place ? a_rows + r0 * lda + k0 : p8 + r0 * kp + k0;
+            const i64 ld = r0 < in_place ? lda : kp;
+            const int8_t* bt = g.b8.data() + (t * kp + k0) * 48;
+            if (cols > 32) micro_vnni<3>(ar, ld, klen, bt, out, k0 > 0);
+            else if (cols > 16) micro_vnni<2>(ar, ld, klen, bt, out, k0 > 0);
+            else micro_vnni<1>(ar, ld, klen, bt, out, k0 > 0);
             break;
+          }
           case AVX2: micro_avx2(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
 #endif
 #if IVIT_QGEMM_ARM
           case NEON: micro_neon(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
           case DOTPROD:
-            micro_dot(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen,
+            micro_dot(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows + r0 * lda : p8 + r0 * kp) + k0,
+                      r0 < in_place ? lda : kp, klen,
                       g.b8.data() + (t * kp + k0) * 16, out, k0 > 0);
             break;
           case I8MM:
-            micro_i8mm(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen,
+            micro_i8mm(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows + r0 * lda : p8 + r0 * kp) + k0,
+                       r0 < in_place ? lda : kp, klen,
                        g.b8.data() + (t * kp + k0) * 16, out, k0 > 0);
             break;
 #endif
@@ -614,7 +625,7 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
       }
     }
     for (i64 r = 0; r < rows; ++r) {
-      TO* out = y + (m0 + r) * g.n + n0;
+      TO* out = y + (m0 + r) * ldy + n0;
       if (g.fast)
         epilogue_fast(g, tile + r * L.nr, rowsum[r], n0, cols, out);
       else
@@ -624,20 +635,21 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
 }
 
 template <class TO>
-void run_all(const QGemm& g, const void* a, i64 rows, TO* y, int threads) {
+void run_all(const QGemm& g, const void* a, i64 lda, i64 rows, TO* y, i64 ldy, int threads) {
   // tasks: MC rows by about NC columns (whole tiles), small enough to balance a busy pool
   const i64 per = std::max<i64>(1, NC / g.lay.nr), groups = (g.tiles + per - 1) / per;
   const i64 chunks = (rows + MC - 1) / MC * groups;
   struct Task {
     const QGemm* g;
     const void* a;
-    i64 rows, per, groups;
+    i64 lda, rows, per, groups;
     TO* y;
-  } task{&g, a, rows, per, groups, y};
+    i64 ldy;
+  } task{&g, a, lda, rows, per, groups, y, ldy};
   auto one = [](void* data, size_t c) {
     const Task& t = *static_cast<Task*>(data);
     const i64 m0 = static_cast<i64>(c) / t.groups * MC, t0 = static_cast<i64>(c) % t.groups * t.per;
-    run_chunk(*t.g, t.a, m0, std::min(t.rows, m0 + MC), t0, std::min(t.g->tiles, t0 + t.per), t.y);
+    run_chunk(*t.g, t.a, t.lda, m0, std::min(t.rows, m0 + MC), t0, std::min(t.g->tiles, t0 + t.per), t.y, t.ldy);
   };
   const ivit::ParallelHook hook = ivit::parallel_hook();
   if (chunks <= 1) {
@@ -771,15 +783,22 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
 
 int ivit_qgemm_isa(const void* g) { return static_cast<const QGemm*>(g)->isa; }
 
-int ivit_qgemm_run(const void* gp, const void* a, int64_t rows, void* y, int threads) {
+int ivit_qgemm_run_strided(const void* gp, const void* a, int64_t lda, int64_t rows, void* y, int64_t ldy,
+                           int threads) {
   const QGemm& g = *static_cast<const QGemm*>(gp);
+  if (lda < g.k || ldy < g.n) return 1;
   switch (g.out_code) {
-    case I8: run_all(g, a, rows, static_cast<int8_t*>(y), threads); return 0;
-    case U8: run_all(g, a, rows, static_cast<uint8_t*>(y), threads); return 0;
-    case I16: run_all(g, a, rows, static_cast<int16_t*>(y), threads); return 0;
-    case I32: run_all(g, a, rows, static_cast<int32_t*>(y), threads); return 0;
+    case I8: run_all(g, a, lda, rows, static_cast<int8_t*>(y), ldy, threads); return 0;
+    case U8: run_all(g, a, lda, rows, static_cast<uint8_t*>(y), ldy, threads); return 0;
+    case I16: run_all(g, a, lda, rows, static_cast<int16_t*>(y), ldy, threads); return 0;
+    case I32: run_all(g, a, lda, rows, static_cast<int32_t*>(y), ldy, threads); return 0;
     default: return 1;
   }
+}
+
+int ivit_qgemm_run(const void* gp, const void* a, int64_t rows, void* y, int threads) {
+  const QGemm& g = *static_cast<const QGemm*>(gp);
+  return ivit_qgemm_run_strided(gp, a, g.k, rows, y, g.n, threads);
 }
 
 void ivit_qgemm_destroy(void* g) { delete static_cast<QGemm*>(g); }

@@ -28,6 +28,9 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
 int ivit_qgemm_isa(const void* g);  // the path a packed GEMM runs
 // y[m, n] for m < rows of a (row-major [rows, k]); threads: on the caller's pool hook if set, else that many
 int ivit_qgemm_run(const void* g, const void* a, int64_t rows, void* y, int threads);
+// the same with row strides: A's rows lda >= k elements apart, y's ldy >= n (a view into a larger tensor)
+int ivit_qgemm_run_strided(const void* g, const void* a, int64_t lda, int64_t rows, void* y, int64_t ldy,
+                           int threads);
 void ivit_qgemm_destroy(void* g);
 }
 
