@@ -1,8 +1,8 @@
 """The compile step's head views (:mod:`ivit_onnx.engines.onnxruntime.head_views`): attention's head split
-(timm's packed qkv Reshape/Transpose/Split/Squeeze, a Gather form, Hugging Face's per-tensor Reshape/Transpose
-with Kᵀ as one Transpose) and head merge (Transpose + Reshape) read and written in place by QBatchMatMul, on
-tiny graphs, bit-exact with the reference evaluator on the graph as converted, on every instruction-set path;
-and the relayouts it must leave alone."""
+(timm's packed qkv Reshape/Transpose/Split/Squeeze, its Gather and dynamo's Slice forms, Hugging Face's
+per-tensor Reshape/Transpose with Kᵀ as one Transpose) and head merge (Transpose + Reshape) read and written
+in place by QBatchMatMul, on tiny graphs, bit-exact with the reference evaluator on the graph as converted,
+on every instruction-set path; and the relayouts it must leave alone."""
 
 from __future__ import annotations
 
@@ -48,12 +48,22 @@ def attention_model(rng, dt, form: str, *, merge_out=True) -> tuple[onnx.ModelPr
     }
     nodes: list = []
     shapes = {"p": [B, H, S, S]}
-    if form in ("packed", "gather"):
+    if form in ("packed", "gather", "slice"):
         shapes["x"] = [B, S, 3 * H * D]
-        inits["qkv_tail"] = np.array([S, 3, H, D], np.int64)
-        nodes.append(helper.make_node("Reshape", ["x", _dynamic_shape(nodes, "x", "qkv")], ["r"]))
+        if form == "slice":  # the dynamo exporter's form: a constant target, Slice + Squeeze
+            inits["qkv"] = np.array([-1, S, 3, H, D], np.int64)
+        else:
+            inits["qkv_tail"] = np.array([S, 3, H, D], np.int64)
+            _dynamic_shape(nodes, "x", "qkv")
+        nodes.append(helper.make_node("Reshape", ["x", "qkv"], ["r"]))
         nodes.append(helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4]))
-        if form == "packed":
+        if form == "slice":
+            inits["ax0"] = np.array([0], np.int64)
+            for j, name in enumerate("qkv"):
+                inits[f"lo{j}"], inits[f"hi{j}"] = np.array([j], np.int64), np.array([j + 1], np.int64)
+                nodes.append(helper.make_node("Slice", ["t", f"lo{j}", f"hi{j}", "ax0"], [f"s{j}"]))
+                nodes.append(helper.make_node("Squeeze", [f"s{j}", "ax0"], [name]))
+        elif form == "packed":
             inits["ones"] = np.array([1, 1, 1], np.int64)
             inits["ax0"] = np.array([0], np.int64)
             nodes.append(helper.make_node("Split", ["t", "ones"], ["s0", "s1", "s2"], axis=0))

@@ -1,7 +1,7 @@
 """Absorb attention's head split and merge into the library's QBatchMatMul ops: each operand that is only a
-relayout of a ``[B, S, C]`` tensor X (a Reshape splitting C, then Transpose / Split / Squeeze / Gather) is
-read from X in place as a head view, and a Transpose + Reshape that merges the heads of the output is written
-in place; the copies onnxruntime made for them (about 6 % of DeiT's integer time) go.
+relayout of a ``[B, S, C]`` tensor X (a Reshape splitting C, then Transpose / Split / Slice / Squeeze /
+Gather) is read from X in place as a head view, and a Transpose + Reshape that merges the heads of the output
+is written in place; the copies onnxruntime made for them (about 6 % of DeiT's integer time) go.
 
 A view reads ``A[b, h, s, d] = X[b, s, offset + h * dim + d]`` (``opset/native/qbatch_op.cpp``). The traced
 layout must have exactly those strides, so the op reads the same values the copies held. The Reshape's
@@ -103,6 +103,23 @@ def _trace(gr: _Graph, tensor: str) -> _Layout | None:
             return None
         i = int(index) % size
         return _Layout(up.source, axes[:axis] + axes[axis + 1:], up.seq, up.channels, up.base + i * stride)
+    if op == "Slice":  # constant starts, ends, axes; steps 1
+        starts, ends = _ints(gr, node, "starts", 1), _ints(gr, node, "ends", 2)
+        picked = _ints(gr, node, "axes", 3) or list(range(len(starts or [])))
+        steps = _ints(gr, node, "steps", 4) if len(node.input) > 4 and node.input[4] else None
+        if starts is None or ends is None or (steps and set(steps) != {1}) or len(picked) != len(starts):
+            return None
+        part, base = list(axes), up.base
+        for axis, lo, hi in zip(picked, starts, ends, strict=True):
+            axis %= len(axes)
+            size, stride = part[axis]
+            if size is None:
+                return None
+            lo, hi = (v + size if v < 0 else v for v in (lo, hi))
+            lo, hi = min(max(lo, 0), size), min(max(hi, 0), size)
+            part[axis] = (max(hi - lo, 0), stride)
+            base += lo * stride
+        return _Layout(up.source, part, up.seq, up.channels, base)
     if op == "Split":
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(axes)
         size, stride = axes[axis]
@@ -137,8 +154,8 @@ def _view(lay: _Layout | None) -> tuple[dict, bool] | None:
 
 
 def _merge(gr: _Graph, node: onnx.NodeProto, heads: int, cols: int):
-    """The Transpose [0, 2, 1, 3] + Reshape to [*, rows, heads * cols] that alone read the op's output, and the
-    rows the Reshape names (0: copied, as the op's rows are), or None."""
+    """The Transpose [0, 2, 1, 3] + Reshape to [*, rows, heads * cols] that alone read the op's output, and
+    the rows the Reshape names (0: copied, as the op's rows are), or None."""
     out = node.output[0]
     if not gr.only_use(out):
         return None
