@@ -805,6 +805,88 @@ void ivit_qgemm_destroy(void* g) { delete static_cast<QGemm*>(g); }
 
 }  // extern "C"
 
+// ------------------------------------------------------------------------------------------------ peak
+// The roofline's ceiling (benchmarks/bench_qgemm.py --kernel): each path's multiply-accumulate instruction in
+// 12 independent chains on registers only, no loads, no epilogue; returns the MACs done (sum: keeps the loop)
+namespace {
+#if IVIT_QGEMM_X86
+IVIT_T_VNNI i64 peak_vnni(i64 iters, int32_t* sum) {
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
+  __m512i c[12];
+  for (auto& v : c) v = _mm512_setzero_si512();
+  for (i64 i = 0; i < iters; ++i)
+    for (auto& v : c) v = _mm512_dpbusd_epi32(v, a, b);
+  for (auto& v : c) *sum += _mm512_reduce_add_epi32(v);
+  return iters * 12 * 64;
+}
+IVIT_T_AVX2 i64 peak_avx2(i64 iters, int32_t* sum) {
+  const __m256i a = _mm256_set1_epi16(3), b = _mm256_set1_epi16(-5);
+  __m256i c[12];
+  for (auto& v : c) v = _mm256_setzero_si256();
+  for (i64 i = 0; i < iters; ++i)
+    for (auto& v : c) v = _mm256_add_epi32(v, _mm256_madd_epi16(a, b));
+  alignas(32) int32_t lanes[8];
+  for (auto& v : c) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+    for (int32_t x : lanes) *sum += x;
+  }
+  return iters * 12 * 16;
+}
+#endif
+#if IVIT_QGEMM_ARM
+i64 peak_neon(i64 iters, int32_t* sum) {
+  const int16x8_t a = vdupq_n_s16(3), b = vdupq_n_s16(-5);
+  int32x4_t c[12];
+  for (auto& v : c) v = vdupq_n_s32(0);
+  for (i64 i = 0; i < iters; ++i)
+    for (int j = 0; j < 12; j += 2) {
+      c[j] = vmlal_s16(c[j], vget_low_s16(a), vget_low_s16(b));
+      c[j + 1] = vmlal_high_s16(c[j + 1], a, b);
+    }
+  for (auto& v : c) *sum += vaddvq_s32(v);
+  return iters * 12 * 4;
+}
+IVIT_T_DOT i64 peak_dot(i64 iters, int32_t* sum) {
+  const int8x16_t a = vdupq_n_s8(3), b = vdupq_n_s8(-5);
+  int32x4_t c[12];
+  for (auto& v : c) v = vdupq_n_s32(0);
+  for (i64 i = 0; i < iters; ++i)
+    for (auto& v : c) v = vdotq_s32(v, a, b);
+  for (auto& v : c) *sum += vaddvq_s32(v);
+  return iters * 12 * 16;
+}
+IVIT_T_I8MM i64 peak_i8mm(i64 iters, int32_t* sum) {
+  const int8x16_t a = vdupq_n_s8(3), b = vdupq_n_s8(-5);
+  int32x4_t c[12];
+  for (auto& v : c) v = vdupq_n_s32(0);
+  for (i64 i = 0; i < iters; ++i)
+    for (auto& v : c) v = vmmlaq_s32(v, a, b);
+  for (auto& v : c) *sum += vaddvq_s32(v);
+  return iters * 12 * 32;
+}
+#endif
+}  // namespace
+
+extern "C" {
+// MACs done by `iters` rounds of the path's bare multiply-accumulate loop (0: a path with no such loop here)
+int64_t ivit_qgemm_peak(int isa, int64_t iters, int32_t* sum) {
+  if (!cpu_has(isa)) return 0;
+  switch (isa) {
+#if IVIT_QGEMM_X86
+    case VNNI: return peak_vnni(iters, sum);
+    case AVX2: return peak_avx2(iters, sum);
+#endif
+#if IVIT_QGEMM_ARM
+    case NEON: return peak_neon(iters, sum);
+    case DOTPROD: return peak_dot(iters, sum);
+    case I8MM: return peak_i8mm(iters, sum);
+#endif
+    default: return 0;
+  }
+}
+
+}  // extern "C"
+
 namespace ivit {
 
 std::string check_qgemm() {
