@@ -1,6 +1,7 @@
 """The compile step's head views (:mod:`ivit_onnx.engines.onnxruntime.head_views`): attention's head split
-(timm's packed qkv Reshape/Transpose/Split/Squeeze, its Gather and dynamo's Slice forms, Hugging Face's
-per-tensor Reshape/Transpose with Kᵀ as one Transpose) and head merge (Transpose + Reshape) read and written
+(timm's packed qkv Reshape/Transpose/Split/Squeeze, its Gather and dynamo's Slice forms, onnxruntime
+quantize_static's with 0 / -1 target entries resolved from the declared shapes, Hugging Face's per-tensor
+Reshape/Transpose with Kᵀ as one Transpose) and head merge (Transpose + Reshape) read and written
 in place by QBatchMatMul, on tiny graphs, bit-exact with the reference evaluator on the graph as converted,
 on every instruction-set path; and the relayouts it must leave alone."""
 
@@ -74,6 +75,17 @@ def attention_model(rng, dt, form: str, *, merge_out=True) -> tuple[onnx.ModelPr
                 inits[f"g{j}"] = np.array(j, np.int64)
                 nodes.append(helper.make_node("Gather", ["t", f"g{j}"], [name], axis=0))
         nodes.append(helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]))
+    elif form == "ort":  # onnxruntime's quantize_static export: 0 and -1 entries, Split before the Transpose
+        shapes["x"] = [B, S, 3 * H * D]
+        inits |= {"qkv": np.array([0, 0, 3, H, -1], np.int64), "ones": np.array([1, 1, 1], np.int64),
+                  "ax0": np.array([0], np.int64), "ax2": np.array([2], np.int64)}
+        nodes += [helper.make_node("Reshape", ["x", "qkv"], ["r"]),
+                  helper.make_node("Split", ["r", "ones"], ["s0", "s1", "s2"], axis=2),
+                  helper.make_node("Squeeze", ["s1", "ax2"], ["k3"]),
+                  helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 2, 3, 1])]
+        for j, name in ((0, "q"), (2, "v")):
+            nodes += [helper.make_node("Transpose", [f"s{j}"], [f"t{j}"], perm=[2, 0, 3, 1, 4]),
+                      helper.make_node("Squeeze", [f"t{j}", "ax0"], [name])]
     else:  # Hugging Face: one projection each, Kᵀ as one Transpose [0, 2, 3, 1]
         for name, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
             shapes[f"x{name}"] = [B, S, H * D]
@@ -90,7 +102,11 @@ def attention_model(rng, dt, form: str, *, merge_out=True) -> tuple[onnx.ModelPr
     out = "ctx4"
     if merge_out:
         nodes.append(helper.make_node("Transpose", ["ctx4"], ["ctx_t"], perm=[0, 2, 1, 3]))
-        target = _dynamic_shape(nodes, "xq" if form == "hf" else "x", "ctx_shape")  # B = x.shape[0]
+        if form == "ort":
+            inits["ctx_shape"] = np.array([0, 0, -1], np.int64)
+            target = "ctx_shape"
+        else:
+            target = _dynamic_shape(nodes, "xq" if form == "hf" else "x", "ctx_shape")  # B = x.shape[0]
         nodes.append(helper.make_node("Reshape", ["ctx_t", target], ["ctx"]))
         out = "ctx"
     graph = helper.make_graph(
@@ -164,3 +180,16 @@ def test_left_alone():
     compiled = compile_model(model)
     assert compiled.counts["head_views"] == 3
     _check(model, feeds, compiled)
+
+
+def test_reshape_entries_resolved_only_where_determined():
+    """A 0 copies a declared dimension, a -1 takes the rest of the declared row only where the batch entry
+    copies the batch; otherwise (undeclared, a run-time batch entry, allowzero) the split is not a view."""
+    from ivit_onnx.engines.onnxruntime.head_views import _resolve
+
+    assert _resolve([0, 0, 3, 3, -1], [None, 197, 576], False) == [0, 197, 3, 3, 64]
+    assert _resolve([None, 197, 3, 3, 64], None, False) == [None, 197, 3, 3, 64]
+    assert _resolve([None, 0, 3, 3, -1], [None, 197, 576], False) is None
+    assert _resolve([0, 0, 3, 3, -1], None, False) is None
+    assert _resolve([0, 0, 3, 3, -1], [None, 197, 576], True) is None
+    assert _resolve([0, 0, 5, -1], [None, 197, 576], False) is None  # 576 is no multiple of 5

@@ -60,24 +60,46 @@ def _reshape_target(gr: _Graph, tensor: str) -> list[int | None] | None:
     return out
 
 
-def _trace(gr: _Graph, tensor: str) -> _Layout | None:
-    """The layout of ``tensor`` as a view of a [B, S, C] tensor, through the relayout ops, or None."""
+def _resolve(target: list, dims: list | None, allowzero: bool) -> list | None:
+    """The Reshape target's entries after the first as numbers: a 0 copies the source's static dimension, a
+    -1 takes the rest of its static row (only where the first entry copies the batch); None where unknown."""
+    if target[0] is not None and target[0] < -1:
+        return None
+    out = list(target)
+    for i in range(1, len(out)):
+        if out[i] == 0 and not allowzero:
+            out[i] = dims[i] if dims is not None and i < len(dims) else None
+    if -1 in out[1:]:
+        rows = dims[1:] if dims is not None else [None]
+        if target[0] != 0 or allowzero or out[1:].count(-1) != 1 or None in rows or None in out[1:]:
+            return None
+        known = math.prod(v for v in out[1:] if v != -1)
+        if known < 1 or math.prod(rows) % known:
+            return None
+        out[out.index(-1, 1)] = math.prod(rows) // known
+    return out if all(v is not None and v >= 1 for v in out[1:]) else None
+
+
+def _trace(gr: _Graph, tensor: str, shapes: dict) -> _Layout | None:
+    """The layout of ``tensor`` as a view of a [B, S, C] tensor, through the relayout ops, or None
+    (``shapes``: the static shapes the model declares, for a Reshape's 0 and -1 entries)."""
     node = gr.producer.get(tensor)
     if node is None or node.domain not in STANDARD:
         return None
     op = node.op_type
     if op == "Reshape":
         target = _reshape_target(gr, node.input[1])
-        if target is None or len(target) < 3 or any(v is None or v < 1 for v in target[1:]):
-            return None
-        if target[0] is not None and target[0] < -1:
+        allowzero = any(a.name == "allowzero" and a.i for a in node.attribute)
+        target = None if target is None or len(target) < 3 else _resolve(target, shapes.get(node.input[0]),
+                                                                         allowzero)
+        if target is None:
             return None
         seq, split = target[1], target[2:]
         channels = math.prod(split)
         strides = [math.prod(split[i + 1:]) for i in range(len(split))]
         axes = [(None, seq * channels), (seq, channels), *zip(split, strides, strict=True)]
         return _Layout(node.input[0], axes, seq, channels)
-    up = _trace(gr, node.input[0])
+    up = _trace(gr, node.input[0], shapes)
     if up is None:
         return None
     axes = up.axes
@@ -168,18 +190,36 @@ def _merge(gr: _Graph, node: onnx.NodeProto, heads: int, cols: int):
     if rs.op_type != "Reshape" or rs.domain not in STANDARD or rs.input[0] != tr.output[0]:
         return None
     target = _reshape_target(gr, rs.input[1])
-    if target is None or len(target) != 3 or target[1] is None or target[1] < 0 or target[2] != heads * cols:
+    allowzero = any(a.name == "allowzero" and a.i for a in rs.attribute)
+    if target is None or len(target) != 3 or target[1] is None or target[1] < 0:
+        return None
+    if allowzero and 0 in target:
+        return None
+    # the columns: heads * cols, or the rest where the batch is copied (0) and the rows are given or copied
+    if target[2] != heads * cols and not (target[2] == -1 and target[0] == 0):
         return None
     return tr, rs, target[1]
 
 
-def head_views(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProto, int]:
+def static_shapes(model: onnx.ModelProto) -> dict[str, list]:
+    """The shapes the model declares (value_info, inputs), by tensor: dimensions, None where dynamic."""
+    g = model.graph
+    return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+            for v in [*g.value_info, *g.input] if v.type.tensor_type.HasField("shape")}
+
+
+def head_views(
+    model: onnx.ModelProto, keep=frozenset(), shapes: dict | None = None
+) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with attention's head split and merge read and written in place by its
-    QBatchMatMul ops; returns it and how many operands and outputs were absorbed."""
+    QBatchMatMul ops; returns it and how many operands and outputs were absorbed. ``shapes``: static shapes
+    by tensor (:func:`static_shapes` of the model as converted: the compile step's re-encodings drop the
+    declarations of what they retype), else the model's own."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     gr = _Graph(g, keep)
+    shapes = static_shapes(out) if shapes is None else shapes
     replace: dict[int, onnx.NodeProto] = {}
     dead: set[int] = set()
     done = 0
@@ -193,12 +233,12 @@ def head_views(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProt
         trans_b = attrs.get("trans_b", 0)
         views = {}
         for side, i in (("a", 0), ("b", 1)):
-            found = _view(_trace(gr, inputs[i]))
+            found = _view(_trace(gr, inputs[i], shapes))
             if found is None or (side == "a" and found[1]):
                 continue
             view, swapped = found
             views[side] = view
-            inputs[i] = _trace(gr, inputs[i]).source
+            inputs[i] = _trace(gr, inputs[i], shapes).source
             if swapped:
                 trans_b = 1 - trans_b
         if "a" in views and "b" in views and views["a"]["heads"] != views["b"]["heads"]:
