@@ -30,6 +30,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "parallel.h"
@@ -172,6 +173,9 @@ struct QGemm {
   // whole tiles: off = (h ^ 2**63) - zx * b and zs = zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy);
   // on aarch64 (an arithmetic shift by a vector of counts) off = h - zx * b
   bool fast = false, zb_zero = false;
+  // the int32 accumulator is the output (QBatchMatMul's int32 form: multiplier 1, shift 0, zero points 0, the
+  // int32 range, no table): y = acc, mod 2**32, with no rescale (identity_rows)
+  bool identity = false;
   alignas(64) uint8_t tab8[256] = {};  // the table as bytes, for byte outputs with VBMI (vbmi_table)
   bool vbmi_table = false;
   std::vector<i64> off, zs;
@@ -517,6 +521,23 @@ void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i
   }
 }
 
+// y[r][j] = acc of row r, column n0 + j (the identity epilogue: the top's acc, mod 2**32, no rescale)
+void identity_rows(const QGemm& g, const int32_t* tile, i64 nr, const int32_t* rowsum, i64 rows, i64 n0, i64 cols,
+                   int32_t* y, i64 ldy) {
+  const uint32_t* corr = reinterpret_cast<const uint32_t*>(g.corr.data()) + n0;
+  const uint32_t* zb = reinterpret_cast<const uint32_t*>(g.zb.data()) + n0;
+  for (i64 r = 0; r < rows; ++r) {
+    const uint32_t* dot = reinterpret_cast<const uint32_t*>(tile + r * nr);
+    uint32_t* out = reinterpret_cast<uint32_t*>(y + r * ldy);
+    if (g.zb_zero) {
+      for (i64 j = 0; j < cols; ++j) out[j] = dot[j] - corr[j];
+    } else {
+      const uint32_t rs = static_cast<uint32_t>(rowsum[r]);
+      for (i64 j = 0; j < cols; ++j) out[j] = dot[j] - zb[j] * rs - corr[j];
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------- driver
 
 constexpr i64 MC = 48;   // rows per task: a multiple of every lay.mr (4, 6, 8)
@@ -622,6 +643,12 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t
             micro_portable<4>(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0);
             break;
         }
+      }
+    }
+    if constexpr (std::is_same_v<TO, int32_t>) {
+      if (g.identity) {
+        identity_rows(g, tile, L.nr, rowsum, rows, n0, cols, y + m0 * ldy + n0, ldy);
+        continue;
       }
     }
     for (i64 r = 0; r < rows; ++r) {
@@ -768,6 +795,8 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
   g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX;
   g->zb_zero = std::all_of(g->zb.begin(), g->zb.end(), [](int32_t v) { return v == 0; });
   for (i64 j = 0; j < n; ++j) g->fast = g->fast && g->mult[j] >= INT32_MIN && g->mult[j] <= INT32_MAX;
+  g->identity = out_code == I32 && !table && zy == 0 && qmin <= INT32_MIN && qmax >= INT32_MAX;
+  for (i64 j = 0; j < n; ++j) g->identity = g->identity && g->mult[j] == 1 && g->shift[j] == 0 && g->zx[j] == 0;
   const i64 padded = g->tiles * nr;  // the vector epilogue reads whole tiles (padding columns: unused)
   for (auto* v : {&g->zx, &g->mult, &g->half, &g->shift}) v->resize(padded, 0);
   g->zb.resize(padded, 0);
