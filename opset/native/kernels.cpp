@@ -929,6 +929,27 @@ int ivit_log_int_softmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x
                            });
 }
 
+// The Shiftmax rows of ivit_requantize_shiftmax's sorted path, from the table's indices k (bytes, rows x len):
+// e = E[max k][k] (e_rows: nq x nq, row km set for k <= km), y = (e * floor_div(RECIP_M, sum(e)) >> (62 -
+// bits)) + y_zp. For QBatchMatMulShiftmax (qbatch_op.cpp), whose GEMM epilogue writes the indices.
+int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const int64_t* e_rows, int64_t nq,
+                             int64_t y_zp, int64_t bits, void* y, int to) {
+  return with_types(1, to, [&](auto, auto to_) {
+    using TO = decltype(to_);
+    std::vector<i64> e(len);
+    i64* __restrict ev = e.data();
+    for (i64 r = 0; r < rows; ++r) {
+      const uint8_t* __restrict kr = k + r * len;
+      uint8_t km = 0;
+      for (i64 j = 0; j < len; ++j) km = std::max(km, kr[j]);
+      const i64* __restrict row = e_rows + km * nq;
+      i64 sum = 0;
+      for (i64 j = 0; j < len; ++j) sum += ev[j] = row[kr[j]];
+      softmax_out(ev, static_cast<TO*>(y) + r * len, len, floor_div(RECIP_M, sum), 62 - bits, y_zp);
+    }
+  }) ? 0 : 1;
+}
+
 // 1 where the AVX2 rescale loops run on this CPU (avx2_path), else 0: for the tests.
 int ivit_rescale_avx2() { return avx2_path() ? 1 : 0; }
 

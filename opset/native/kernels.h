@@ -17,6 +17,8 @@ int ivit_requantize_shiftmax(const void* x, int ti, int64_t rows, int64_t len, i
                              int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table, int64_t y_zp,
                              int64_t x0, int64_t n, int64_t bits, void* y, int to, int threads);
 int ivit_isqrt(const int64_t* v, int64_t* r, int64_t n);
+int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const int64_t* e_rows, int64_t nq,
+                             int64_t y_zp, int64_t bits, void* y, int to);
 int ivit_iadd(const void* a, int ta, const void* b, int tb, int64_t n, int64_t nb, int64_t za, int64_t zb,
               int64_t ma, int64_t mb, int64_t c, int64_t zy, int64_t qmin, int64_t qmax, void* y, int to,
               int threads);

@@ -31,7 +31,8 @@
 #include "qgemm.h"
 
 namespace ivit {
-const ort::CustomOp* qbatch_op(const ort::Api* api, int form);  // qbatch_op.cpp: 0 int32, 1 Requantize, 2 table
+// qbatch_op.cpp: 0 int32, 1 Requantize, 2 table, 3 Shiftmax
+const ort::CustomOp* qbatch_op(const ort::Api* api, int form);
 }
 
 using ivit::i64;
@@ -800,7 +801,7 @@ __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::Sessi
   for (bool table : {false, true})
     if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
                 engine, ivit::qgemm_op(g_api, table));
-  for (int form = 0; form < 3; ++form)  // attention's batched GEMMs on the same kernel (qbatch_op.cpp)
+  for (int form = 0; form < 4; ++form)  // attention's batched GEMMs on the same kernel (qbatch_op.cpp)
     if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
                 engine, ivit::qbatch_op(g_api, form));
   if (!s) s = api<ort::Status*(ort::SessionOptions*, ort::CustomOpDomain*)>(ort::AddCustomOpDomain)(options, engine);

@@ -4,6 +4,10 @@
 //   QBatchMatMul(A, B, a_zero_point?, b_zero_point?) -> int32 y = MatMulInteger(A, B, za, zb), bit for bit
 //   QBatchMatMulRequantize(A, B, za?, zb?, x_zero_point, multiplier, shift, y_zero_point) -> Requantize(that)
 //   QBatchMatMulTable(..., y_zero_point, table) -> table[Requantize(that) - qmin]  (RequantizeTable)
+//   QBatchMatMulShiftmax(..., y_zero_point, table, out_zero_point) -> RequantizeShiftmax(int32 y, ...): the
+//     Requantize to the table's index in the GEMM's epilogue (bytes: a table of at most 256 entries, non-
+//     decreasing), then each row's Shiftmax from E[max k][k] = shift_exp(table[k] - table[max k]), as
+//     kernels.cpp's ivit_requantize_shiftmax computes it (attributes x0, n, bits too; per-tensor parameters)
 // attributes qmin, qmax (the Requantize forms), trans_b (B given as [..., N, K]: a Transpose of its last two
 // axes absorbed). A [..., M, K], B [..., K, N]: int8 or uint8, batch axes broadcast as MatMul's; zero points
 // single values; the Requantize parameters 1 or N values. Every input is read when the node runs.
@@ -21,6 +25,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -28,6 +33,8 @@
 #include "ort_abi.h"
 #include "ort_op.h"
 #include "ort_tensor.h"
+#include "intmath.h"
+#include "kernels.h"
 #include "qgemm.h"
 
 // qgemm.cpp: a new B (b[k * ldk + n * ldn] ^ flip, zero point zb) for a packed GEMM of the same K and N
@@ -38,8 +45,8 @@ namespace {
 using i64 = int64_t;
 const ort::Api* g_api = nullptr;
 
-enum Form : int { INT32 = 0, REQUANTIZE = 1, TABLE = 2 };
-const char* const NAMES[] = {"QBatchMatMul", "QBatchMatMulRequantize", "QBatchMatMulTable"};
+enum Form : int { INT32 = 0, REQUANTIZE = 1, TABLE = 2, SHIFTMAX = 3 };
+const char* const NAMES[] = {"QBatchMatMul", "QBatchMatMulRequantize", "QBatchMatMulTable", "QBatchMatMulShiftmax"};
 
 using Error = ivit::OrtError;  // what check and the kernel throw
 
@@ -65,13 +72,37 @@ struct View {
   i64 heads, dim, offset, seq, channels;
 };
 
+// The Shiftmax form's rows of exps, E[km][k] = shift_exp(table[k] - table[km]) for k <= km (the only ones a row
+// whose largest index is km reads), all built when the table or x0, n change (at most 256 x 256: once per node
+// in practice), so that the rows read them with no synchronisation.
+struct ExpRows {
+  std::mutex lock;
+  std::vector<i64> key;
+  i64 nq = 0;
+  std::vector<i64> e;
+  void prepare(const std::vector<int32_t>& t, i64 x0, i64 n) {
+    std::vector<i64> k = {x0, n};
+    k.insert(k.end(), t.begin(), t.end());
+    std::lock_guard<std::mutex> guard(lock);
+    if (k == key) return;
+    const ivit::Exp exp(x0, n);
+    nq = static_cast<i64>(t.size());
+    e.assign(nq * nq, 0);
+    for (i64 km = 0; km < nq; ++km)
+      for (i64 j = 0; j <= km; ++j) e[km * nq + j] = exp(-(i64(t[km]) - t[j]));
+    key = std::move(k);
+  }
+};
+
 struct Kernel {
   int form;
   i64 qmin, qmax, trans_b;
   View av, bv;
   i64 y_heads, y_seq;
+  i64 x0, n, bits;  // the Shiftmax form's
   std::string node;
   Cache cache;
+  ExpRows exps;
 };
 
 struct BatchOp {
@@ -97,7 +128,7 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
   const int form = form_of(op);
   const std::string node = ivit::ort_node_name(g_api, info);
   try {
-    const bool rq = form != INT32;
+    const bool rq = form != INT32, sm = form == SHIFTMAX;
     const i64 qmin = rq ? attribute(info, "qmin", INT64_MIN) : INT32_MIN;
     const i64 qmax = rq ? attribute(info, "qmax", INT64_MIN) : INT32_MAX;
     if (qmin > qmax) throw Error{"qmin must not exceed qmax"};
@@ -111,8 +142,12 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
     };
     const i64 y_heads = attribute(info, "y_heads", 0), y_seq = attribute(info, "y_seq", 0);
     if (y_heads < 0 || y_seq < 0) throw Error{"y_heads and y_seq must not be negative"};
-    *out = new Kernel{form, qmin, qmax, attribute(info, "trans_b", 0), view("a"), view("b"), y_heads, y_seq, node,
-                      {}};
+    const i64 bits = sm ? attribute(info, "bits", INT64_MIN) : 0;
+    const i64 x0 = sm ? attribute(info, "x0", INT64_MIN) : 1, n = sm ? attribute(info, "n", INT64_MIN) : 0;
+    if (sm && (bits < 0 || bits > 62 || x0 < 1 || n < 0 || n > 62)) throw Error{"bits, x0 or n out of range"};
+    if (sm && (qmax - qmin > 255 || y_heads)) throw Error{"the table must have at most 256 entries, no y_heads"};
+    *out = new Kernel{form, qmin, qmax, attribute(info, "trans_b", 0), view("a"), view("b"), y_heads, y_seq,
+                      x0, n, bits, node, {}, {}};
     return nullptr;
   } catch (const Error& e) {
     return ivit::ort_error(g_api, std::string("ai.ivit.engine ") + NAMES[form] + " node '" + node +
@@ -137,6 +172,10 @@ struct Job {
   Cache* cache;
   i64 generation;
   const char* err = nullptr;  // a refusal of ivit_qgemm_create
+  // the Shiftmax form: the rows' exps, the output's zero point, bits and type
+  ExpRows* exps = nullptr;
+  i64 sm_zy = 0, sm_bits = 0;
+  int sm_code = 0;
 };
 
 // A packed GEMM of the job's shape and parameters (its B arbitrary), from the cache or new; null on a refusal.
@@ -171,7 +210,14 @@ void run_one(void* data, size_t g) {
   void* gemm = acquire(j);
   if (!gemm) return;
   ivit_qgemm_repack(gemm, j.b + j.b_off[g], j.ldk, j.ldn, j.b_u8 ? 0x80 : 0, j.b_u8 ? j.zb - 128 : j.zb);
-  ivit_qgemm_run_strided(gemm, j.a + j.a_off[g], j.lda, j.m, j.y + j.y_off[g] * j.ysize, j.ldy, 1);
+  if (j.exps) {  // the indices, then each row's Shiftmax (kernels.cpp)
+    std::vector<uint8_t> k(j.m * j.n);
+    ivit_qgemm_run_strided(gemm, j.a + j.a_off[g], j.lda, j.m, k.data(), j.n, 1);
+    ivit_index_shiftmax_rows(k.data(), j.m, j.n, j.exps->e.data(), j.exps->nq, j.sm_zy, j.sm_bits,
+                             j.y + j.y_off[g] * j.ysize, j.sm_code);
+  } else {
+    ivit_qgemm_run_strided(gemm, j.a + j.a_off[g], j.lda, j.m, j.y + j.y_off[g] * j.ysize, j.ldy, 1);
+  }
   release(j, gemm);
 }
 
@@ -289,10 +335,26 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
         for (i64 i = 0; i < t.size; ++i) j.table.push_back(static_cast<int32_t>(t.at(i)));
         out_elem = t.elem;
       }
+      if (kn.form == SHIFTMAX) {  // the GEMM writes the table's index (bytes); the rows go through ExpRows
+        const ivit::OrtTensor t = read(input(8)), zo = read(input(9));
+        if (t.elem != ort::INT32 || t.shape.size() != 1 || t.size != kn.qmax - kn.qmin + 1)
+          throw Error{"the table must be 1-D int32 with qmax - qmin + 1 entries"};
+        if (zo.size != 1) throw Error{"out_zero_point must be a single value"};
+        if (j.zx.size() > 1 || j.mult.size() > 1 || j.shift.size() > 1) throw Error{"the parameters must be scalars"};
+        std::vector<int32_t> table(static_cast<const int32_t*>(t.data), static_cast<const int32_t*>(t.data) + t.size);
+        if (!std::is_sorted(table.begin(), table.end())) throw Error{"the table must be non-decreasing"};
+        Kernel& mut = *static_cast<Kernel*>(kernel);
+        mut.exps.prepare(table, kn.x0, kn.n);
+        j.exps = &mut.exps, j.sm_zy = zo.at(0), j.sm_bits = kn.bits, j.sm_code = ivit::kernel_code(zo.elem);
+        j.zy -= kn.qmin, j.qmin = 0, j.qmax = kn.qmax - kn.qmin;
+        out_elem = ort::UINT8;
+      }
     }
     j.out_code = ivit::kernel_code(out_elem);
-    if (j.out_code < 0) throw Error{"the output must be int8, uint8, int16 or int32"};
-    j.ysize = j.out_code == 3 ? 4 : j.out_code == 2 ? 2 : 1;
+    if (j.out_code < 0 || (j.exps && j.sm_code < 0)) throw Error{"the output must be int8, uint8, int16 or int32"};
+    const int y_code = j.exps ? j.sm_code : j.out_code;
+    j.ysize = y_code == 3 ? 4 : y_code == 2 ? 2 : 1;
+    if (j.exps) out_elem = read(input(9)).elem;
     if (yh > 0) shape.back() = j.m, shape.push_back(j.ldy);
     else {
       if (!a_row) shape.push_back(j.m);
@@ -340,15 +402,16 @@ BatchOp make(int form) {
   ort::CustomOp o = ivit::ort_custom_op();
   o.GetName = [](const ort::CustomOp* op) { return NAMES[form_of(op)]; };
   // A, B, a_zero_point, b_zero_point: int8 or uint8; x_zero_point int32; multiplier, shift int64; y_zero_point
-  // and the table: the output's type (onnxruntime gives the output the last undefined input's type)
-  o.GetInputType = [](const ort::CustomOp*, size_t i) {
+  // and the table: the output's type (onnxruntime gives the output the last undefined input's type); the
+  // Shiftmax form: y_zero_point the index Requantize's, the table int32, out_zero_point the output's type
+  o.GetInputType = [](const ort::CustomOp* op, size_t i) {
     static const ort::ElemType types[] = {ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED, ort::INT32,
-                                          ort::INT64,     ort::INT64,     ort::UNDEFINED, ort::UNDEFINED};
-    return types[i];
+                                          ort::INT64,     ort::INT64,     ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED};
+    return i == 8 && form_of(op) == SHIFTMAX ? ort::INT32 : types[i];
   };
   o.GetInputTypeCount = [](const ort::CustomOp* op) -> size_t {
     const int f = form_of(op);
-    return f == INT32 ? 4 : f == REQUANTIZE ? 8 : 9;
+    return f == INT32 ? 4 : f == REQUANTIZE ? 8 : f == TABLE ? 9 : 10;
   };
   o.GetInputCharacteristic = [](const ort::CustomOp*, size_t i) {
     return i == 2 || i == 3 ? ort::OPTIONAL : ort::REQUIRED;
@@ -369,7 +432,7 @@ namespace ivit {
 
 const ort::CustomOp* qbatch_op(const ort::Api* api, int form) {
   g_api = api;
-  static const BatchOp ops[3] = {make(INT32), make(REQUANTIZE), make(TABLE)};
+  static const BatchOp ops[4] = {make(INT32), make(REQUANTIZE), make(TABLE), make(SHIFTMAX)};
   return &ops[form].base;
 }
 

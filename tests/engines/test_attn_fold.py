@@ -131,3 +131,60 @@ def test_left_alone():
     zq = next(t for t in model.graph.initializer if t.name == "zq")
     zq.CopyFrom(numpy_helper.from_array(np.zeros(T, np.uint8), "zq"))
     assert fold_attention(model)[1] == 0
+
+
+def softmax_model(rng, up: int, length: int = 37) -> tuple[onnx.ModelProto, dict]:
+    """``MatMulInteger(q, kᵀ) -> Requantize (int8) -> Requantize (× up, int32) -> Shiftmax -> p``: the
+    converter's attention scores, which chain_fold turns into RequantizeShiftmax (its table decreasing where
+    ``up`` < 0)."""
+    from ivit_onnx.opset.functions import attach_functions
+    from tests.opset.oneop import shiftmax_params
+
+    inits = {
+        "zq": np.uint8(128), "zk": np.uint8(rng.integers(0, 256)),
+        "zx": np.int32(rng.integers(-50, 50)), "b1": np.int64(rng.integers(1 << 10, 1 << 14)),
+        "c1": np.int64(20), "zy": np.int8(rng.integers(-128, 64)),
+        "z0": np.int8(0), "bu": np.int64(up), "cu": np.int64(0), "z32": np.int32(0), "sz": np.uint8(0),
+    }
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMulInteger", ["q", "kt", "zq", "zk"], ["s"], name="qk"),
+        OPS["Requantize"].make_node(["s", "zx", "b1", "c1", "zy"], ["r"], name="head", qmin=-128, qmax=127),
+        OPS["Requantize"].make_node(["r", "z0", "bu", "cu", "z32"], ["v"], name="up", qmin=-(1 << 31),
+                                    qmax=(1 << 31) - 1),
+        OPS["Shiftmax"].make_node(["v", "sz"], ["p"], name="softmax",
+                                  **shiftmax_params(1.0 / 500, length, 8)),
+    ]
+    shapes = {"q": [B, H, length, D], "k": [B, H, length, D]}
+    graph = helper.make_graph(
+        nodes, "scores", [helper.make_tensor_value_info(n, TensorProto.UINT8, s) for n, s in shapes.items()],
+        [helper.make_tensor_value_info("p", TensorProto.UINT8, None)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.ivit", 1)], ir_version=10
+    )
+    feeds = {n: rng.integers(0, 256, s).astype(np.uint8) for n, s in shapes.items()}
+    feeds["q"][0, 0, 0] = 128  # a constant row of scores
+    return attach_functions(model), feeds
+
+
+@pytest.mark.skipif(not fast_path(), reason="no vector QGemm path here: the compile step keeps MatMulInteger")
+@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "neon", "dotprod", "i8mm", ""])
+def test_scores_shiftmax_fused(isa, monkeypatch):
+    """Q·Kᵀ -> RequantizeShiftmax (chain_fold's) runs as one QBatchMatMulShiftmax where its table is
+    non-decreasing, equal bit for bit to the graph as converted; a decreasing table keeps the two ops."""
+    from tests.opset.test_qgemm import ISAS, need
+
+    if isa:
+        need(isa)
+        monkeypatch.setenv("IVIT_GEMM_ISA", isa)
+    rng = np.random.default_rng(ISAS.get(isa, 0) + 5)
+    for up, length, fused in ((7, 37, True), (3, 197, True), (-5, 37, False)):
+        model, feeds = softmax_model(rng, up, length)
+        compiled = compile_model(model)
+        want_ops = ["QBatchMatMulShiftmax"] if fused else ["QBatchMatMul"]
+        assert engine_ops(compiled.model) == want_ops, up
+        want = evaluator(model).run(None, feeds)
+        got = library_run(compiled.model, feeds)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (up, length)

@@ -1,7 +1,9 @@
 """Run attention's activation x activation GEMMs (Q·Kᵀ, P·V) on the native library's own exact kernel:
 ``MatMulInteger(A, B)`` with neither operand a constant becomes ``ai.ivit.engine`` QBatchMatMul
 (``opset/native/qbatch_op.cpp``), with a following ``Requantize | RequantizeTable`` fused
-(QBatchMatMulRequantize / QBatchMatMulTable) and a Transpose of B's last two axes absorbed (``trans_b``).
+(QBatchMatMulRequantize / QBatchMatMulTable) or chain_fold's ``RequantizeShiftmax`` (QBatchMatMulShiftmax:
+the scores' Requantize in the GEMM's epilogue, as table indices in bytes, then the rows' Shiftmax), and a
+Transpose of B's last two axes absorbed (``trans_b``).
 
 The op computes MatMulInteger's int32 accumulator bit for bit (then the Requantize and its table), so the
 artifact keeps the bits of ``int.onnx``. Rewritten: zero points absent or constant single values;
@@ -16,10 +18,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .chain_fold import FUSED_DOMAIN
 from .qgemm_fold import ENGINE_DOMAIN, HEADS, _Graph, apply, requantize_params
 
 #: the fused op of each Requantize form after the GEMM
 FUSED = {"QGemm": "QBatchMatMulRequantize", "QGemmTable": "QBatchMatMulTable"}
+#: chain_fold's Requantize + Shiftmax, which the op takes where its table has at most this many entries
+SHIFTMAX, SHIFTMAX_ENTRIES = (FUSED_DOMAIN, "RequantizeShiftmax"), 256
 
 
 def _single(gr: _Graph, node: onnx.NodeProto, i: int) -> bool:
@@ -48,7 +53,11 @@ def _head(gr: _Graph, gemm: onnx.NodeProto, g: onnx.GraphProto):
     if not gr.only_use(out):
         return None
     head = gr.uses[out][0][0]
-    if (head.domain, head.op_type) not in HEADS or gr.uses[out][0][1] != 0:
+    if gr.uses[out][0][1] != 0:
+        return None
+    if (head.domain, head.op_type) == SHIFTMAX:
+        return _shiftmax(gr, head, g)
+    if (head.domain, head.op_type) not in HEADS:
         return None
     params = requantize_params(gr, head)
     if params is None or any(v.ndim > 1 for v in params[:3]):
@@ -61,6 +70,26 @@ def _head(gr: _Graph, gemm: onnx.NodeProto, g: onnx.GraphProto):
         zx_name = f"{head.name or head.output[0]}_qbatch_x_zero_point"
         g.initializer.append(numpy_helper.from_array(zx.astype(np.int32), zx_name))
     return head, [zx_name, *head.input[2:]]
+
+
+def _shiftmax(gr: _Graph, head: onnx.NodeProto, g: onnx.GraphProto):
+    """A RequantizeShiftmax the op takes (per-tensor parameters, a non-decreasing int32 table of at most 256
+    entries: the index fits a byte and each row's exps come from one row of E), with its inputs as the op
+    wants them, or None."""
+    params = requantize_params(gr, head)
+    table, zo = gr.const(head, 5), gr.const(head, 6)
+    if params is None or table is None or zo is None or zo.size != 1 or any(v.size != 1 for v in params[:3]):
+        return None
+    if table.dtype != np.int32 or table.ndim != 1 or not 0 < table.size <= SHIFTMAX_ENTRIES:
+        return None
+    if np.any(np.diff(table.astype(np.int64)) < 0):
+        return None
+    zx = params[0]
+    if zx.dtype.kind not in "iu" or abs(int(zx.reshape(-1)[0])) >= 1 << 31:
+        return None
+    zx_name = f"{head.name or head.output[0]}_qbatch_x_zero_point"
+    g.initializer.append(numpy_helper.from_array(zx.astype(np.int32), zx_name))
+    return head, [zx_name, *head.input[2:7]]
 
 
 def fold_attention(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProto, int]:
@@ -94,8 +123,10 @@ def fold_attention(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.Model
             )
         else:
             head, params = found
-            op = FUSED[HEADS[(head.domain, head.op_type)]]
-            attrs |= {x.name: x.i for x in head.attribute if x.name in ("qmin", "qmax")}
+            sm = (head.domain, head.op_type) == SHIFTMAX
+            op = "QBatchMatMulShiftmax" if sm else FUSED[HEADS[(head.domain, head.op_type)]]
+            names = ("qmin", "qmax", "x0", "n", "bits") if sm else ("qmin", "qmax")
+            attrs |= {x.name: x.i for x in head.attribute if x.name in names}
             node = helper.make_node(
                 op, [a, b, *zps, *params], [head.output[0]], name=tag, domain=ENGINE_DOMAIN, **attrs
             )

@@ -21,7 +21,7 @@ from onnx import helper
 from .qgemm_fold import ENGINE_DOMAIN, _Graph, apply
 
 #: the QBatchMatMul forms (attn_fold.py)
-OPS = ("QBatchMatMul", "QBatchMatMulRequantize", "QBatchMatMulTable")
+OPS = ("QBatchMatMul", "QBatchMatMulRequantize", "QBatchMatMulTable", "QBatchMatMulShiftmax")
 STANDARD = ("", "ai.onnx")
 
 
