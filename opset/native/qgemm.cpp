@@ -176,12 +176,15 @@ struct QGemm {
   bool vbmi_table = false;
   std::vector<i64> off, zs;
   // the residual stage (IvitQGemmAdd; out_code is then the sum's type, mid_code v's): u = v * mv + r * mr +
-  // r_off[n] (mod 2**64; r_off = h - zv * mv - zr * mr, plus (r[n] - zr) * mr... for constants, where the r term
-  // drops), then clip((u >> c) + zy, lo, hi). The vector stage (add_fast: mv, mr, lo, hi int32 and v inside its
-  // type) adds vr_off = r_off ^ 2**63 on x86 (a logical shift, then zs = zy - 2**(63 - c)), r_off on aarch64.
-  bool has_add = false, add_act = false, add_fast = false;
+  // r_off[n] (mod 2**64; r_off = h - zv * mv - zr * mr, plus r * mr for constant r, whose term then drops),
+  // then clip((u >> c) + zy, lo, hi). The vector stage (add_fast: -2**62 <= mv, mr < 2**62, lo, hi int32, v
+  // inside its type) multiplies by m = hi * 2**31 + lo as two signed 32 x 32-bit products (add_wide; else
+  // lo = m, hi = 0: one), exact mod 2**64 as kernels.cpp's mul4; it adds vr_off = r_off ^ 2**63 on x86 (a
+  // logical shift, then zs = zy - 2**(63 - c)), r_off on aarch64.
+  bool has_add = false, add_act = false, add_fast = false, add_wide = false;
   int mid_code = 0, r_code = 0;
   i64 mv = 0, mr = 0, ac = 0, azy = 0, alo = 0, ahi = 0, azs = 0;
+  i64 mv_lo = 0, mv_hi = 0, mr_lo = 0, mr_hi = 0;
   std::vector<i64> r_off, vr_off;
 };
 
@@ -452,17 +455,19 @@ IVIT_T_VNNI inline __m512i lookup16(const QGemm& g, __m512i v) {
 // the residual stage on 16 int32 lanes v (inside v's type) of the columns n..n+16; r: the residual's, widened
 // (activations), or null
 IVIT_T_VNNI inline __m512i add16(const QGemm& g, __m512i v, const int32_t* r, i64 n) {
-  const __m512i mv = _mm512_set1_epi64(g.mv), mr = _mm512_set1_epi64(g.mr), zs = _mm512_set1_epi64(g.azs);
+  const __m512i mvl = _mm512_set1_epi64(g.mv_lo), mvh = _mm512_set1_epi64(g.mv_hi);
+  const __m512i mrl = _mm512_set1_epi64(g.mr_lo), mrh = _mm512_set1_epi64(g.mr_hi), zs = _mm512_set1_epi64(g.azs);
   const __m128i c = _mm_cvtsi64_si128(g.ac);
   const __m512i rr = r ? _mm512_load_si512(r) : _mm512_setzero_si512();
   __m256i part[2];
   for (int half = 0; half < 2; ++half) {
-    const __m256i vh = half ? _mm512_extracti64x4_epi64(v, 1) : _mm512_castsi512_si256(v);
-    __m512i t = _mm512_add_epi64(_mm512_mul_epi32(_mm512_cvtepi32_epi64(vh), mv),
-                                 _mm512_loadu_si512(&g.vr_off[n + 8 * half]));
+    const __m512i vv = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(v, 1) : _mm512_castsi512_si256(v));
+    __m512i t = _mm512_add_epi64(_mm512_mul_epi32(vv, mvl), _mm512_loadu_si512(&g.vr_off[n + 8 * half]));
+    if (g.add_wide) t = _mm512_add_epi64(t, _mm512_slli_epi64(_mm512_mul_epi32(vv, mvh), 31));
     if (r) {
-      const __m256i rh = half ? _mm512_extracti64x4_epi64(rr, 1) : _mm512_castsi512_si256(rr);
-      t = _mm512_add_epi64(t, _mm512_mul_epi32(_mm512_cvtepi32_epi64(rh), mr));
+      const __m512i rv = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(rr, 1) : _mm512_castsi512_si256(rr));
+      t = _mm512_add_epi64(t, _mm512_mul_epi32(rv, mrl));
+      if (g.add_wide) t = _mm512_add_epi64(t, _mm512_slli_epi64(_mm512_mul_epi32(rv, mrh), 31));
     }
     part[half] = _mm512_cvtsepi64_epi32(_mm512_add_epi64(_mm512_srl_epi64(t, c), zs));  // lo, hi: int32
   }
@@ -548,16 +553,19 @@ IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum
 // the residual stage on v[0..cols) in place (cols a multiple of 4; v inside its type), r the residual's values
 // (activations) or null: add16's arithmetic, the clip on int64
 IVIT_T_AVX2 void add_avx2(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
-  const __m256i mv = _mm256_set1_epi64x(g.mv), mr = _mm256_set1_epi64x(g.mr), zs = _mm256_set1_epi64x(g.azs);
+  const __m256i mvl = _mm256_set1_epi64x(g.mv_lo), mvh = _mm256_set1_epi64x(g.mv_hi);
+  const __m256i mrl = _mm256_set1_epi64x(g.mr_lo), mrh = _mm256_set1_epi64x(g.mr_hi), zs = _mm256_set1_epi64x(g.azs);
   const __m256i lo = _mm256_set1_epi64x(g.alo), hi = _mm256_set1_epi64x(g.ahi);
   const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   const __m128i c = _mm_cvtsi64_si128(g.ac);
   for (i64 j = 0; j < cols; j += 4) {
     const __m256i vv = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(v + j)));
-    __m256i t = _mm256_add_epi64(_mm256_mul_epi32(vv, mv), ld(&g.vr_off[n0 + j]));
+    __m256i t = _mm256_add_epi64(_mm256_mul_epi32(vv, mvl), ld(&g.vr_off[n0 + j]));
+    if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(_mm256_mul_epi32(vv, mvh), 31));
     if (r) {
       const __m256i rr = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(r + j)));
-      t = _mm256_add_epi64(t, _mm256_mul_epi32(rr, mr));
+      t = _mm256_add_epi64(t, _mm256_mul_epi32(rr, mrl));
+      if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(_mm256_mul_epi32(rr, mrh), 31));
     }
     t = _mm256_add_epi64(_mm256_srl_epi64(t, c), zs);
     t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
@@ -594,12 +602,19 @@ void rescale_neon(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i6
 // the residual stage on v[0..cols) in place (cols even; v inside its type), r the residual's values
 // (activations) or null: smlal (exact products, sums mod 2**64), an arithmetic shift, the clip on int64
 void add_neon(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
-  const int32x2_t mv = vdup_n_s32(static_cast<int32_t>(g.mv)), mr = vdup_n_s32(static_cast<int32_t>(g.mr));
+  const int32x2_t mvl = vdup_n_s32(static_cast<int32_t>(g.mv_lo)), mvh = vdup_n_s32(static_cast<int32_t>(g.mv_hi));
+  const int32x2_t mrl = vdup_n_s32(static_cast<int32_t>(g.mr_lo)), mrh = vdup_n_s32(static_cast<int32_t>(g.mr_hi));
   const int64x2_t lo = vdupq_n_s64(g.alo), hi = vdupq_n_s64(g.ahi), zy = vdupq_n_s64(g.azy);
   const int64x2_t nc = vdupq_n_s64(-g.ac);
   for (i64 j = 0; j < cols; j += 2) {
-    int64x2_t t = vmlal_s32(vld1q_s64(&g.vr_off[n0 + j]), vld1_s32(v + j), mv);
-    if (r) t = vmlal_s32(t, vld1_s32(r + j), mr);
+    const int32x2_t vv = vld1_s32(v + j);
+    int64x2_t t = vmlal_s32(vld1q_s64(&g.vr_off[n0 + j]), vv, mvl);
+    if (g.add_wide) t = vaddq_s64(t, vshlq_n_s64(vmull_s32(vv, mvh), 31));
+    if (r) {
+      const int32x2_t rr = vld1_s32(r + j);
+      t = vmlal_s32(t, rr, mrl);
+      if (g.add_wide) t = vaddq_s64(t, vshlq_n_s64(vmull_s32(rr, mrh), 31));
+    }
     t = vaddq_s64(vshlq_s64(t, nc), zy);
     t = vbslq_s64(vcgtq_s64(t, hi), hi, t);
     vst1_s32(v + j, vmovn_s64(vbslq_s64(vcltq_s64(t, lo), lo, t)));
@@ -849,7 +864,8 @@ std::string probe(int isa, int a_code) {
 
 // The residual stage at its edges, on the vector stage where the path has one: uint8 A, Requantize to int8 at
 // its clip bounds (form 0: an int8 activation residual, v the IAdd's a, multipliers at +-2**31; form 1: through
-// an int8 table, per-column constant residuals, a uint8 sum), sums that saturate; against int64 loops.
+// an int8 table, per-column constant residuals, multipliers past int32 as the converter's, a uint8 sum), sums
+// that saturate; against int64 loops.
 std::string probe_add(int isa, int form) {
   const i64 M = 11, K = 67, N = 53;
   std::vector<int8_t> b(K * N), r(M * N);
@@ -863,7 +879,8 @@ std::string probe_add(int isa, int form) {
     zx[j] = j * 37 - 500, mult[j] = (j % 2 ? 1 : -1) * (12345 + j * 1001), shift[j] = 12 + j % 5, rc[j] = j * 5 - 128;
   for (i64 i = 0; i < 256; ++i) table[i] = static_cast<int32_t>((i * 37) % 256 - 128);
   const IvitQGemmAdd add = form == 0 ? IvitQGemmAdd{I8, nullptr, 0, 5, INT32_MAX - 8, -7, INT32_MIN, 32, 2, -128, 127, I8}
-                                     : IvitQGemmAdd{-1, rc.data(), N, -3, (1 << 20) - 3, 4, 3 << 19, 20, 100, 0, 255, U8};
+                                     : IvitQGemmAdd{-1, rc.data(), N, -3, (i64(1) << 50) - 3, 4, (i64(3) << 49) + 7,
+                                                    50, 100, 0, 255, U8};
   const char* err = nullptr;
   void* g = ivit_qgemm_create_add(isa, 1, K, N, b.data(), zb.data(), 1, 3, zx.data(), mult.data(), shift.data(), N,
                                   -3, -128, 127, form ? table.data() : nullptr, I8, &add, &err);
@@ -972,6 +989,7 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
   const i64 padded = g->tiles * nr;  // the vector epilogue reads whole tiles (padding columns: unused)
   if (add) {
     auto fits = [](i64 v) { return v >= INT32_MIN && v <= INT32_MAX; };
+    auto fits62 = [](i64 v) { return v >= -(i64(1) << 62) && v < (i64(1) << 62); };
     const i64 type_lo[] = {INT8_MIN, 0, INT16_MIN, INT32_MIN}, type_hi[] = {INT8_MAX, UINT8_MAX, INT16_MAX, INT32_MAX};
     const i64 c = add->shift;
     g->has_add = true, g->add_act = add->r_code >= 0, g->r_code = add->r_code, g->mid_code = out_code;
@@ -984,7 +1002,10 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
       g->r_off.push_back(base + rj * add->mr);
       g->vr_off.push_back(static_cast<i64>(static_cast<uint64_t>(g->r_off[j]) ^ (arm(isa) ? 0 : uint64_t(1) << 63)));
     }
-    g->add_fast = fits(add->mv) && fits(add->mr) && fits(add->qmin) && fits(add->qmax) &&
+    g->add_wide = !fits(add->mv) || !fits(add->mr);
+    g->mv_lo = g->add_wide ? add->mv & INT32_MAX : add->mv, g->mv_hi = g->add_wide ? add->mv >> 31 : 0;
+    g->mr_lo = g->add_wide ? add->mr & INT32_MAX : add->mr, g->mr_hi = g->add_wide ? add->mr >> 31 : 0;
+    g->add_fast = fits62(add->mv) && fits62(add->mr) && fits(add->qmin) && fits(add->qmax) &&
                   (table || (qmin >= type_lo[out_code] && qmax <= type_hi[out_code]));
     g->fast = g->fast && g->add_fast;
   }

@@ -3,7 +3,8 @@ GEMM's Requantize (and table) output v, then an IAdd with r, bit for bit against
 then the IAdd reference), on every instruction-set path this CPU has (``tests/arm/run.sh`` runs this file on
 the emulated ARM cores). Cases: int8 and uint8 A, per-tensor and per-column Requantize, v as the IAdd's a or b,
 activation residuals of every IAdd input type and constant ones (per column, single), sums that saturate,
-multipliers past int32 (the scalar epilogue), through a table, and through onnxruntime with ``IVIT_GEMM_ISA``.
+multipliers within int32 and past it (the converter's, near 2**53: two products a lane), past 2**62 (the scalar
+epilogue), through a table, and through onnxruntime with ``IVIT_GEMM_ISA``.
 """
 
 from __future__ import annotations
@@ -48,13 +49,10 @@ def residual(rng, c: dict, rdt, form: str, v_first: bool, out=np.int8, wide=Fals
     info = np.iinfo(rdt)
     shape = {"act": (rows, n), "column": (n,), "single": ()}[form]
     r = rng.integers(max(info.min, -(1 << 20)), min(info.max, 1 << 20) + 1, shape).astype(rdt)
-    shift = int(rng.integers(12, 31))
-    limit = (1 << 40) if wide else (1 << 31) - 1
-    mv = int(rng.integers(1 << shift, min(limit, 1 << (shift + 1)))) * int(rng.choice([-1, 1]))
+    shift = int(rng.integers(40, 56) if wide else rng.integers(12, 31))  # wide: the converter's multipliers
+    mv = int(rng.integers(1 << shift, 1 << (shift + 1))) * int(rng.choice([-1, 1]))
     rbits = np.iinfo(rdt).bits
     mr = int(rng.integers(1, max(2, (1 << max(shift + 9 - rbits, 1))))) * int(rng.choice([-1, 1]))
-    if wide:
-        mr = (1 << 35) + 7
     o = np.iinfo(out)
     zy = out(rng.integers(max(o.min, -50), min(o.max, 50) + 1))
     vz = np.asarray(c["zy"]).dtype.type(rng.integers(-5, 6) if np.asarray(c["zy"]).dtype.kind == "i" else 3)
@@ -119,7 +117,8 @@ def test_residual_paths_bit_exact(isa, adt, per_column):
             for form in ("act", "column", "single"):
                 for v_first in (True, False):
                     c = case(rng, adt, k, n, rows, per_column)
-                    res = residual(rng, c, rdt, form, v_first, out=(np.int8, np.uint8)[int(v_first)])
+                    res = residual(rng, c, rdt, form, v_first, out=(np.int8, np.uint8)[int(v_first)],
+                                   wide=bool(rng.random() < 0.5))
                     got = run_c(isa, c, res, threads=1 + 2 * int(form == "act"))
                     expect = want(c, res)
                     np.testing.assert_array_equal(got, expect, err_msg=f"{isa} {rdt.__name__} {form} {v_first}")
@@ -144,6 +143,8 @@ def test_residual_table_wide_and_output_types(isa):
     for out in (np.int16, np.int32):
         c = case(rng, np.uint8, 37, 21, 9, True, out=np.int16)
         res = residual(rng, c, np.uint8, "act", False, out=out, wide=True)
+        np.testing.assert_array_equal(run_c(isa, c, res), want(c, res))
+        res["mv"], res["shift"] = (1 << 62) + 3, 62  # past the vector stage's 2**62: the scalar epilogue
         np.testing.assert_array_equal(run_c(isa, c, res), want(c, res))
     c = case(rng, np.int8, 37, 21, 9, True)  # int8 v with qmin, qmax past int8: the cast wraps, as QGemm's
     c["qmin"], c["qmax"] = -300, 300
