@@ -1,10 +1,10 @@
 """QGemm's residual stage (``opset/native/qgemm.cpp``, ops ``ai.ivit.engine`` QGemmAdd / QGemmTableAdd): the
 GEMM's Requantize (and table) output v, then an IAdd with r, bit for bit against numpy (the QGemm reference,
-then the IAdd reference), on every instruction-set path this CPU has (``tests/arm/run.sh`` runs this file on
-the emulated ARM cores). Cases: int8 and uint8 A, per-tensor and per-column Requantize, v as the IAdd's a or b,
-activation residuals of every IAdd input type and constant ones (per column, single), sums that saturate,
-multipliers within int32 and past it (the converter's, near 2**53: two products a lane), past 2**62 (the scalar
-epilogue), through a table, and through onnxruntime with ``IVIT_GEMM_ISA``.
+then the IAdd reference), on every instruction-set path this CPU has (``tests/arm/run.sh`` runs this file
+on the emulated ARM cores). Cases: int8 and uint8 A, per-tensor and per-column Requantize, v as the IAdd's a
+or b, activation residuals of every IAdd input type and constant ones (per column, single), sums that
+saturate, multipliers within int32 and past it (the converter's, near 2**53: two products a lane), past 2**62
+(the scalar epilogue), through a table, and through onnxruntime with ``IVIT_GEMM_ISA``.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class Add(ctypes.Structure):
 def _add_lib():
     lib = _lib()
     p, i, c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.ivit_qgemm_create_add.argtypes = [c, c, i, i, p, p, i, i, p, p, p, i, i, i, i, p, c, ctypes.POINTER(Add),
-                                          ctypes.POINTER(ctypes.c_char_p)]
+    lib.ivit_qgemm_create_add.argtypes = [c, c, i, i, p, p, i, i, p, p, p, i, i, i, i, p, c,
+                                          ctypes.POINTER(Add), ctypes.POINTER(ctypes.c_char_p)]
     lib.ivit_qgemm_create_add.restype = p
     lib.ivit_qgemm_run_add.argtypes, lib.ivit_qgemm_run_add.restype = [p, p, i, p, i, p, c], c
     return lib
@@ -88,11 +88,11 @@ def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1) -> np.ndar
     # the IAdd is symmetric apart from which parameters go with which side: v takes the ones of its side
     err = ctypes.c_char_p()
     b = np.ascontiguousarray(c["b"])
-    g = lib.ivit_qgemm_create_add(ISAS[isa], CODES[c["a"].dtype], k, n, b.ctypes.data, arr["zb"].ctypes.data,
-                                  arr["zb"].size, int(c["za"]), arr["zx"].ctypes.data, arr["mult"].ctypes.data,
-                                  arr["shift"].ctypes.data, arr["zx"].size, int(c["zy"]), c["qmin"], c["qmax"],
-                                  None if tab is None else tab.ctypes.data, CODES[np.dtype(mid)],
-                                  ctypes.byref(add), ctypes.byref(err))
+    g = lib.ivit_qgemm_create_add(
+        ISAS[isa], CODES[c["a"].dtype], k, n, b.ctypes.data, arr["zb"].ctypes.data, arr["zb"].size,
+        int(c["za"]), arr["zx"].ctypes.data, arr["mult"].ctypes.data, arr["shift"].ctypes.data,
+        arr["zx"].size, int(c["zy"]), c["qmin"], c["qmax"], None if tab is None else tab.ctypes.data,
+        CODES[np.dtype(mid)], ctypes.byref(add), ctypes.byref(err))
     assert g, err.value
     try:
         a = np.ascontiguousarray(c["a"])
@@ -121,7 +121,8 @@ def test_residual_paths_bit_exact(isa, adt, per_column):
                                    wide=bool(rng.random() < 0.5))
                     got = run_c(isa, c, res, threads=1 + 2 * int(form == "act"))
                     expect = want(c, res)
-                    np.testing.assert_array_equal(got, expect, err_msg=f"{isa} {rdt.__name__} {form} {v_first}")
+                    msg = f"{isa} {rdt.__name__} {form} {v_first}"
+                    np.testing.assert_array_equal(got, expect, err_msg=msg, strict=True)
                     saturated += int((expect == res["qmin"]).any() or (expect == res["qmax"]).any())
     assert saturated > 36, saturated  # of 72 cases, a clip reached
 
@@ -152,8 +153,8 @@ def test_residual_table_wide_and_output_types(isa):
     res = residual(rng, c, np.int8, "act", True)
     got = run_c(isa, c, res)
     v = reference(**{**c, "zy": np.int32(0)}).astype(np.int8)
-    ref = iadd(v, res["r"], res["zv"], res["zr"], np.int64(res["mv"]), np.int64(res["mr"]), np.int64(res["shift"]),
-               res["zy"], qmin=res["qmin"], qmax=res["qmax"])
+    ref = iadd(v, res["r"], res["zv"], res["zr"], np.int64(res["mv"]), np.int64(res["mr"]),
+               np.int64(res["shift"]), res["zy"], qmin=res["qmin"], qmax=res["qmax"])
     np.testing.assert_array_equal(got, ref)
 
 
@@ -184,16 +185,16 @@ def qgemm_add_model(c: dict, res: dict, r_shape, table=None) -> tuple[onnx.Model
     if act:
         inputs.append(helper.make_tensor_value_info("r", elem(r.dtype), r.shape))
         feeds["r"] = r
-    graph = helper.make_graph([node], "qgemm_add", inputs,
-                              [helper.make_tensor_value_info("y", elem(np.asarray(res["zy"]).dtype), None)], inits)
+    outputs = [helper.make_tensor_value_info("y", elem(np.asarray(res["zy"]).dtype), None)]
+    graph = helper.make_graph([node], "qgemm_add", inputs, outputs, inits)
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10), feeds
 
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_onnxruntime_op(isa, monkeypatch):
-    """QGemmAdd and QGemmTableAdd through onnxruntime, with IVIT_GEMM_ISA forcing the path: a full residual, one
-    repeating along the batch ([1, rows, N] against [2, rows, N]) and a constant one; 1 and 2 threads."""
+    """QGemmAdd and QGemmTableAdd through onnxruntime, with IVIT_GEMM_ISA forcing the path: a full residual,
+    one repeating along the batch ([1, rows, N] against [2, rows, N]) and a constant one; 1 and 2 threads."""
     need(isa)
     monkeypatch.setenv("IVIT_GEMM_ISA", isa)
     rng = np.random.default_rng(ISAS[isa] + 5)
