@@ -452,23 +452,24 @@ IVIT_T_VNNI inline __m512i lookup16(const QGemm& g, __m512i v) {
                                 g.table.data(), 4);
 }
 
-// the residual stage on 16 int32 lanes v (inside v's type) of the columns n..n+16; r: the residual's, widened
-// (activations), or null
-IVIT_T_VNNI inline __m512i add16(const QGemm& g, __m512i v, const int32_t* r, i64 n) {
+// the residual stage on 16 values v (inside v's type) of the columns n..n+16, as int64 lanes (columns n..n+8
+// in v[0], the next 8 in v[1]); r: the residual's, widened (activations), or null. The high halves' products
+// are summed before their one shift.
+IVIT_T_VNNI inline __m512i add16(const QGemm& g, const __m512i* v, const int32_t* r, i64 n) {
   const __m512i mvl = _mm512_set1_epi64(g.mv_lo), mvh = _mm512_set1_epi64(g.mv_hi);
   const __m512i mrl = _mm512_set1_epi64(g.mr_lo), mrh = _mm512_set1_epi64(g.mr_hi), zs = _mm512_set1_epi64(g.azs);
   const __m128i c = _mm_cvtsi64_si128(g.ac);
-  const __m512i rr = r ? _mm512_load_si512(r) : _mm512_setzero_si512();
   __m256i part[2];
   for (int half = 0; half < 2; ++half) {
-    const __m512i vv = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(v, 1) : _mm512_castsi512_si256(v));
+    const __m512i vv = v[half];
     __m512i t = _mm512_add_epi64(_mm512_mul_epi32(vv, mvl), _mm512_loadu_si512(&g.vr_off[n + 8 * half]));
-    if (g.add_wide) t = _mm512_add_epi64(t, _mm512_slli_epi64(_mm512_mul_epi32(vv, mvh), 31));
+    __m512i wide = _mm512_mul_epi32(vv, mvh);
     if (r) {
-      const __m512i rv = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(rr, 1) : _mm512_castsi512_si256(rr));
+      const __m512i rv = _mm512_cvtepi32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(r + 8 * half)));
       t = _mm512_add_epi64(t, _mm512_mul_epi32(rv, mrl));
-      if (g.add_wide) t = _mm512_add_epi64(t, _mm512_slli_epi64(_mm512_mul_epi32(rv, mrh), 31));
+      wide = _mm512_add_epi64(wide, _mm512_mul_epi32(rv, mrh));
     }
+    if (g.add_wide) t = _mm512_add_epi64(t, _mm512_slli_epi64(wide, 31));
     part[half] = _mm512_cvtsepi64_epi32(_mm512_add_epi64(_mm512_srl_epi64(t, c), zs));  // lo, hi: int32
   }
   const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
@@ -500,6 +501,8 @@ IVIT_T_VNNI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m, b
 template <class TO>
 IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols,
                                  const int32_t* rv, TO* y) {
+  const bool direct = g.has_add && g.table.empty();  // v straight from int64 into the residual stage
+  const __m512i lo64 = _mm512_set1_epi64(g.qmin), hi64 = _mm512_set1_epi64(g.qmax);
   const __m512i rs = _mm512_set1_epi32(rowsum);
   const __m512i lo = _mm512_set1_epi32(static_cast<int32_t>(g.qmin)), hi = _mm512_set1_epi32(static_cast<int32_t>(g.qmax));
   for (i64 j = 0; j < cols; j += 16) {
@@ -507,23 +510,33 @@ IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t row
     __m512i acc = _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_loadu_si512(&g.corr[n]));
     if (!g.zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_loadu_si512(&g.zb[n]), rs));
     __m256i part[2];
+    __m512i wide[2];
     for (int half = 0; half < 2; ++half) {
       const i64 m = n + 8 * half;
       const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1) : _mm512_castsi512_si256(acc));
       __m512i t = _mm512_add_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.off[m]));
       t = _mm512_add_epi64(_mm512_srlv_epi64(t, _mm512_loadu_si512(&g.shift[m])), _mm512_loadu_si512(&g.zs[m]));
+      if (direct) {  // the clip on int64, the residual stage's multiplies reading the low 32 bits
+        wide[half] = _mm512_min_epi64(_mm512_max_epi64(t, lo64), hi64);
+        continue;
+      }
       part[half] = _mm512_cvtsepi64_epi32(t);  // saturated to int32: the same clip, qmin and qmax being int32
     }
-    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
     const i64 left = cols - j;
     const __mmask16 mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    if (direct) {
+      store16(g, add16(g, wide, rv ? rv + j : nullptr, n), y + j, mask, false);
+      continue;
+    }
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
     if (!g.has_add) {
       store16(g, _mm512_min_epi32(_mm512_max_epi32(v, lo), hi), y + j, mask);
       continue;
     }
-    __m512i w = _mm512_min_epi32(_mm512_max_epi32(v, lo), hi);
-    if (!g.table.empty()) w = lookup16(g, w);
-    store16(g, add16(g, w, rv ? rv + j : nullptr, n), y + j, mask, false);
+    const __m512i w = lookup16(g, _mm512_min_epi32(_mm512_max_epi32(v, lo), hi));  // through the table
+    const __m512i halves[2] = {_mm512_cvtepi32_epi64(_mm512_castsi512_si256(w)),
+                               _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(w, 1))};
+    store16(g, add16(g, halves, rv ? rv + j : nullptr, n), y + j, mask, false);
   }
 }
 
@@ -561,12 +574,13 @@ IVIT_T_AVX2 void add_avx2(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, 
   for (i64 j = 0; j < cols; j += 4) {
     const __m256i vv = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(v + j)));
     __m256i t = _mm256_add_epi64(_mm256_mul_epi32(vv, mvl), ld(&g.vr_off[n0 + j]));
-    if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(_mm256_mul_epi32(vv, mvh), 31));
+    __m256i wide = _mm256_mul_epi32(vv, mvh);
     if (r) {
       const __m256i rr = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(r + j)));
       t = _mm256_add_epi64(t, _mm256_mul_epi32(rr, mrl));
-      if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(_mm256_mul_epi32(rr, mrh), 31));
+      wide = _mm256_add_epi64(wide, _mm256_mul_epi32(rr, mrh));
     }
+    if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(wide, 31));
     t = _mm256_add_epi64(_mm256_srl_epi64(t, c), zs);
     t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
     t = _mm256_blendv_epi8(t, lo, _mm256_cmpgt_epi64(lo, t));
@@ -609,12 +623,13 @@ void add_neon(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
   for (i64 j = 0; j < cols; j += 2) {
     const int32x2_t vv = vld1_s32(v + j);
     int64x2_t t = vmlal_s32(vld1q_s64(&g.vr_off[n0 + j]), vv, mvl);
-    if (g.add_wide) t = vaddq_s64(t, vshlq_n_s64(vmull_s32(vv, mvh), 31));
+    int64x2_t wide = vmull_s32(vv, mvh);
     if (r) {
       const int32x2_t rr = vld1_s32(r + j);
       t = vmlal_s32(t, rr, mrl);
-      if (g.add_wide) t = vaddq_s64(t, vshlq_n_s64(vmull_s32(rr, mrh), 31));
+      wide = vmlal_s32(wide, rr, mrh);
     }
+    if (g.add_wide) t = vaddq_s64(t, vshlq_n_s64(wide, 31));
     t = vaddq_s64(vshlq_s64(t, nc), zy);
     t = vbslq_s64(vcgtq_s64(t, hi), hi, t);
     vst1_s32(v + j, vmovn_s64(vbslq_s64(vcltq_s64(t, lo), lo, t)));

@@ -47,7 +47,8 @@ struct Kernel {
   void* gemm;
   i64 k, n;
   std::string node;
-  bool r_input, table, add;  // the residual is an activation (input `first` of the IAdd's)
+  int r_code;  // the residual activation's type (kernels.h's codes), -1 if none or constant
+  bool table, add;
 };
 
 struct QOp {
@@ -65,9 +66,7 @@ const char* name_of(bool table, bool add) {
 // the index of the residual r, the first of the IAdd's inputs
 size_t residual_input(bool table) { return table ? 9 : 8; }
 
-// an input that may be an activation: its constant value, or null
-const ort::Value* maybe_constant(const ort::KernelInfo* info, size_t i);
-
+// input i's value where it is a constant initializer, else null
 const ort::Value* maybe_constant(const ort::KernelInfo* info, size_t i) {
   int is_const = 0;
   const ort::Value* v = nullptr;
@@ -124,7 +123,7 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
     const auto ms = per_column(mult, n, "multiplier"), cs = per_column(shift, n, "shift");
     IvitQGemmAdd res{};
     std::vector<i64> r_values;
-    bool r_input = false;
+    int r_code = -1;
     if (add) {
       const size_t first = residual_input(table);
       const Tensor zv = constant(info, first + 1), zr = constant(info, first + 2), sum_zy = constant(info, first + 6);
@@ -143,7 +142,7 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
         res.r_code = -1, res.r_const = r_values.data(), res.r_size = n;
       } else {
         res.r_code = code(zr.elem);
-        r_input = true;
+        r_code = res.r_code;
       }
     }
     const char* err = nullptr;
@@ -151,7 +150,7 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
                                     zxs.data(), ms.data(), cs.data(), n, zy.at(0), attr[0], attr[1],
                                     table ? tab.data() : nullptr, out_code, add ? &res : nullptr, &err);
     if (!g) throw Error{err};
-    *out = new Kernel{g, k, n, node, r_input, table, add};
+    *out = new Kernel{g, k, n, node, r_code, table, add};
     return nullptr;
   } catch (const Error& e) {
     return status(std::string("ai.ivit.engine ") + name_of(table, add) + " node '" + node + "' refused: " + e.msg);
@@ -177,12 +176,13 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
     if (rows == 0) return nullptr;
     const void* r = nullptr;
     i64 r_rows = 0;
-    if (k.r_input) {  // its shape, leading 1s dropped, ends y's: row m of y reads row m % r_rows
+    if (k.r_code >= 0) {  // its shape, leading 1s dropped, ends y's: row m of y reads row m % r_rows
       const ort::Value* rv = nullptr;
       const size_t first = residual_input(k.table);
       check(api<ort::Status*(const ort::KernelContext*, size_t, const ort::Value**)>(ort::KernelContext_GetInput)(
           ctx, first, &rv));
       const Tensor rt = read(rv);
+      if (code(rt.elem) != k.r_code) throw Error{"the residual must have r_zero_point's type"};
       size_t lead = 0;
       while (lead < rt.shape.size() && rt.shape[lead] == 1) ++lead;
       const size_t nr = rt.shape.size() - lead;
