@@ -542,7 +542,38 @@ IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t row
 
 IVIT_T_AVX2 inline __m256i ld(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, int32_t* v) {
+// the residual stage's constants, as add4 takes them
+struct AddAvx2 {
+  __m256i mvl, mvh, mrl, mrh, zs, lo, hi;
+  __m128i c;
+};
+IVIT_T_AVX2 inline AddAvx2 add_consts(const QGemm& g) {
+  return {_mm256_set1_epi64x(g.mv_lo), _mm256_set1_epi64x(g.mv_hi), _mm256_set1_epi64x(g.mr_lo),
+          _mm256_set1_epi64x(g.mr_hi), _mm256_set1_epi64x(g.azs),  _mm256_set1_epi64x(g.alo),
+          _mm256_set1_epi64x(g.ahi),   _mm_cvtsi64_si128(g.ac)};
+}
+
+// the residual stage on 4 int64 lanes v (inside v's type) of the columns n..n+4, r the residual's values
+// (activations) or null: add16's arithmetic, the clip on int64
+IVIT_T_AVX2 inline __m256i add4(const QGemm& g, const AddAvx2& k, __m256i v, const int32_t* r, i64 n) {
+  __m256i t = _mm256_add_epi64(_mm256_mul_epi32(v, k.mvl), ld(&g.vr_off[n]));
+  __m256i wide = _mm256_mul_epi32(v, k.mvh);
+  if (r) {
+    const __m256i rr = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(r)));
+    t = _mm256_add_epi64(t, _mm256_mul_epi32(rr, k.mrl));
+    wide = _mm256_add_epi64(wide, _mm256_mul_epi32(rr, k.mrh));
+  }
+  if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(wide, 31));
+  t = _mm256_add_epi64(_mm256_srl_epi64(t, k.c), k.zs);
+  t = _mm256_blendv_epi8(t, k.hi, _mm256_cmpgt_epi64(t, k.hi));
+  return _mm256_blendv_epi8(t, k.lo, _mm256_cmpgt_epi64(k.lo, t));
+}
+
+// v[0..cols) clipped to qmin..qmax; `direct` (the residual stage without a table): the stage's sums instead,
+// v going into it from the int64 lanes (r: the residual's values there, or null)
+IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, int32_t* v,
+                              bool direct = false, const int32_t* r = nullptr) {
+  const AddAvx2 k = direct ? add_consts(g) : AddAvx2{};
   const __m256i rs = _mm256_set1_epi32(rowsum);
   const __m256i lo = _mm256_set1_epi64x(g.qmin), hi = _mm256_set1_epi64x(g.qmax);
   const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -557,33 +588,20 @@ IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum
       t = _mm256_add_epi64(_mm256_srlv_epi64(t, ld(&g.shift[m])), ld(&g.zs[m]));
       t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
       t = _mm256_blendv_epi8(t, lo, _mm256_cmpgt_epi64(lo, t));
+      if (direct) t = add4(g, k, t, r ? r + j + 4 * half : nullptr, m);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(v + j + 4 * half),
                        _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(t, low)));
     }
   }
 }
 
-// the residual stage on v[0..cols) in place (cols a multiple of 4; v inside its type), r the residual's values
-// (activations) or null: add16's arithmetic, the clip on int64
+// the residual stage on v[0..cols) in place (cols a multiple of 4; v inside its type: the table's entries)
 IVIT_T_AVX2 void add_avx2(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
-  const __m256i mvl = _mm256_set1_epi64x(g.mv_lo), mvh = _mm256_set1_epi64x(g.mv_hi);
-  const __m256i mrl = _mm256_set1_epi64x(g.mr_lo), mrh = _mm256_set1_epi64x(g.mr_hi), zs = _mm256_set1_epi64x(g.azs);
-  const __m256i lo = _mm256_set1_epi64x(g.alo), hi = _mm256_set1_epi64x(g.ahi);
+  const AddAvx2 k = add_consts(g);
   const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-  const __m128i c = _mm_cvtsi64_si128(g.ac);
   for (i64 j = 0; j < cols; j += 4) {
     const __m256i vv = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(v + j)));
-    __m256i t = _mm256_add_epi64(_mm256_mul_epi32(vv, mvl), ld(&g.vr_off[n0 + j]));
-    __m256i wide = _mm256_mul_epi32(vv, mvh);
-    if (r) {
-      const __m256i rr = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(r + j)));
-      t = _mm256_add_epi64(t, _mm256_mul_epi32(rr, mrl));
-      wide = _mm256_add_epi64(wide, _mm256_mul_epi32(rr, mrh));
-    }
-    if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(wide, 31));
-    t = _mm256_add_epi64(_mm256_srl_epi64(t, c), zs);
-    t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
-    t = _mm256_blendv_epi8(t, lo, _mm256_cmpgt_epi64(lo, t));
+    const __m256i t = add4(g, k, vv, r ? r + j : nullptr, n0 + j);
     _mm_store_si128(reinterpret_cast<__m128i*>(v + j), _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(t, low)));
   }
 }
@@ -645,6 +663,11 @@ void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i
   alignas(64) int32_t v[48];
 #if IVIT_QGEMM_X86
   if (g.isa == VNNI) return epilogue_avx512(g, dot, rowsum, n0, cols, rv, y);
+  if (g.has_add && g.table.empty()) {  // the residual stage inside the rescale
+    rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v, true, rv);
+    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
+    return;
+  }
   rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v);
 #endif
 #if IVIT_QGEMM_ARM
