@@ -18,7 +18,8 @@ from onnx import helper, numpy_helper
 
 from ivit_onnx.opset import native_kernels
 from ivit_onnx.opset.iadd import reference as iadd
-from tests.opset.test_qgemm import CODES, DOMAIN, ISAS, _lib, case, need, ort_run, reference
+from tests.opset.test_qgemm import CODES, DOMAIN, ISAS, ROOT, _lib, case, need, ort_run, reference
+from tests.qemu import QEMU_X86, haswell
 
 pytestmark = pytest.mark.skipif(not native_kernels.available(), reason="native library not built")
 RESIDUALS = (np.int8, np.uint8, np.int16, np.int32)
@@ -226,3 +227,20 @@ def test_refusals():
     mv.CopyFrom(numpy_helper.from_array(np.array([3, 4], np.int64), "mv"))
     with pytest.raises(Exception, match="QGemmAdd node 'gemm' refused: v_multiplier must be a single value"):
         ort_run(model, feeds)
+
+
+@pytest.mark.skipif(QEMU_X86 is None, reason="needs qemu-x86_64 (apt-get install qemu-user), an x86-64 host")
+def test_on_an_emulated_haswell():
+    """On an emulated Haswell (AVX2, no AVX-512): the self-check probes the stage on the AVX2 path and accepts
+    it, and the AVX2 path is bit-exact (its code on a CPU that has no AVX-512 to fall back on)."""
+    code = ("import numpy as np\n"
+            "from tests.opset.test_qgemm import options\n"
+            "from tests.opset import test_qgemm_add as t\n"
+            "out = options().get_session_config_entry('ivit.qgemm_check')\n"
+            "assert 'avx2 exact' in out and 'vnni' not in out, out\n"
+            "t.test_residual_paths_bit_exact('avx2', np.uint8, True)\n"
+            "t.test_residual_table_wide_and_output_types('avx2')\n"
+            "print('PASS', out)\n")
+    done = haswell(code, timeout=600, cwd=str(ROOT))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.startswith("PASS avx2 exact"), done.stdout
