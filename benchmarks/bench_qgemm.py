@@ -7,9 +7,11 @@ instruction-set path, and the onnxruntime engine with and without it on DeiT mod
 ``--kernel``: each path this CPU has (portable, AVX2 ``vpmaddwd``, AVX-512 VNNI ``vpdpbusd``, aarch64 NEON
 ``smlal``, ``sdot``, i8mm ``smmla``) on DeiT's GEMM shapes (rows = batch * 197 tokens), one thread, through
 the C entry points: GMAC/s (the epilogue included), with onnxruntime's MatMulInteger (uint8 x int8, one
-thread, int32 out, no Requantize) on the same shape for scale. ``--model``: the engine's session on
-``int.onnx`` (built as ``bench_validate.py`` builds it) with the compile step's QGemm fusion on, on without
-attention's QBatchMatMul, and off, interleaved with onnxruntime FP32; all must give the same bits.
+thread, int32 out, no Requantize) on the same shape for scale, and a last line with each path's peak: its
+multiply-accumulate instruction alone, on registers (the roofline's ceiling on this CPU). ``--model``: the
+engine's session on ``int.onnx`` (built as ``bench_validate.py`` builds it) with the compile step's QGemm
+fusion on, on without attention's QBatchMatMul, and off, interleaved with onnxruntime FP32; all must give the
+same bits.
 """
 
 from __future__ import annotations
@@ -47,7 +49,26 @@ def _lib():
     lib.ivit_qgemm_create.restype = p
     lib.ivit_qgemm_run.argtypes, lib.ivit_qgemm_run.restype = [p, p, i, p, c], c
     lib.ivit_qgemm_destroy.argtypes = [p]
+    lib.ivit_qgemm_peak.argtypes, lib.ivit_qgemm_peak.restype = [c, i, ctypes.POINTER(ctypes.c_int32)], i
     return lib
+
+
+def peak(lib, path: str, reps: int = 5) -> float | None:
+    """GMAC/s of the path's bare multiply-accumulate instruction (12 chains on registers, one thread): the
+    roofline's ceiling on this CPU, or None (portable)."""
+    sink = ctypes.c_int32(0)
+    iters = 2_000_000
+    if not lib.ivit_qgemm_peak(ISAS[path], 1000, ctypes.byref(sink)):
+        return None
+    run = lambda: lib.ivit_qgemm_peak(ISAS[path], iters, ctypes.byref(sink))  # noqa: E731
+    best = min(_timed(run) for _ in range(reps))
+    return lib.ivit_qgemm_peak(ISAS[path], 1, ctypes.byref(sink)) * iters / best / 1e9
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def best_of(fn, reps: int) -> float:
@@ -101,6 +122,9 @@ def kernel(models: list[str], batch: int, reps: int = 20) -> None:
                 cells.append(rows * k * n / s / 1e9)
             cells.append(rows * k * n / best_of(ort_matmul_integer(a, w), reps) / 1e9)
             print(f"{name:<12}{k:>6}{n:>6}" + "".join(f"{c:>10.1f}" for c in cells))
+    ceilings = [peak(lib, p) for p in paths]
+    print(f"{'peak':<24}" + "".join(f"{c:>10.1f}" if c else f"{'-':>10}" for c in ceilings)
+          + f"{'':>10}  (the path's MAC instruction alone on registers: the roofline's ceiling)")
 
 
 def _bench_validate():

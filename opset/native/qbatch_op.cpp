@@ -7,6 +7,12 @@
 // attributes qmin, qmax (the Requantize forms), trans_b (B given as [..., N, K]: a Transpose of its last two
 // axes absorbed). A [..., M, K], B [..., K, N]: int8 or uint8, batch axes broadcast as MatMul's; zero points
 // single values; the Requantize parameters 1 or N values. Every input is read when the node runs.
+// Head views (attention's head split and merge absorbed, ivit_onnx/engines/onnxruntime/head_views.py):
+//   a_heads H > 0: A is given as any X of B * S * C elements (S = a_seq, C = a_channels; as a Reshape to
+//   [B, S, C] reads it), read as [B, H, S, a_dim] with A[b, h, s, d] = X[(b * S + s) * C + a_offset + h * a_dim
+//   + d]; b_heads likewise for B (as given, before trans_b); y_heads H > 0: the output's last batch axis (H) is
+//   merged into its columns, y[..., m, h * N + n] (a Transpose to [..., M, H, N] and a Reshape), with M
+//   checked against y_seq where that is not 0 (the Reshape's rows).
 //
 // Each GEMM repacks its B into a packed GEMM kept from earlier runs (ivit_qgemm_repack: O(K N) against the
 // O(M K N) of the GEMM; ivit_qgemm_create per GEMM cost more than the GEMM at attention's sizes): a uint8 B
@@ -53,9 +59,17 @@ struct Cache {
   }
 };
 
+// a head view (see the top): X as [B, seq, channels] read as [B, heads, seq, dim] from channel offset on;
+// heads 0: none
+struct View {
+  i64 heads, dim, offset, seq, channels;
+};
+
 struct Kernel {
   int form;
   i64 qmin, qmax, trans_b;
+  View av, bv;
+  i64 y_heads, y_seq;
   std::string node;
   Cache cache;
 };
@@ -87,7 +101,18 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
     const i64 qmin = rq ? attribute(info, "qmin", INT64_MIN) : INT32_MIN;
     const i64 qmax = rq ? attribute(info, "qmax", INT64_MIN) : INT32_MAX;
     if (qmin > qmax) throw Error{"qmin must not exceed qmax"};
-    *out = new Kernel{form, qmin, qmax, attribute(info, "trans_b", 0), node, {}};
+    auto view = [&](const char* p) {
+      const std::string s(p);
+      auto at = [&](const char* name) { return attribute(info, (s + name).c_str(), 0); };
+      const View v{at("_heads"), at("_dim"), at("_offset"), at("_seq"), at("_channels")};
+      const bool bad = v.dim < 1 || v.offset < 0 || v.seq < 1 || v.offset + v.heads * v.dim > v.channels;
+      if (v.heads < 0 || (v.heads > 0 && bad)) throw Error{s + "'s head view is invalid"};
+      return v;
+    };
+    const i64 y_heads = attribute(info, "y_heads", 0), y_seq = attribute(info, "y_seq", 0);
+    if (y_heads < 0 || y_seq < 0) throw Error{"y_heads and y_seq must not be negative"};
+    *out = new Kernel{form, qmin, qmax, attribute(info, "trans_b", 0), view("a"), view("b"), y_heads, y_seq, node,
+                      {}};
     return nullptr;
   } catch (const Error& e) {
     return ivit::ort_error(g_api, std::string("ai.ivit.engine ") + NAMES[form] + " node '" + node +
@@ -101,8 +126,9 @@ struct Job {
   const uint8_t* b;
   uint8_t* y;
   i64 m, k, n, ysize;  // ysize: bytes per output element
+  i64 lda, ldk, ldn, ldy;  // A's row stride, B's k and n strides, y's row stride (elements)
   bool a_u8, b_u8, trans_b;
-  std::vector<i64> a_off, b_off;  // per GEMM, in elements
+  std::vector<i64> a_off, b_off, y_off;  // per GEMM, in elements
   i64 za, zb;
   std::vector<i64> zx, mult, shift;
   std::vector<int32_t> table;
@@ -144,9 +170,8 @@ void run_one(void* data, size_t g) {
   Job& j = *static_cast<Job*>(data);
   void* gemm = acquire(j);
   if (!gemm) return;
-  const i64 ldk = j.trans_b ? 1 : j.n, ldn = j.trans_b ? j.k : 1;
-  ivit_qgemm_repack(gemm, j.b + j.b_off[g], ldk, ldn, j.b_u8 ? 0x80 : 0, j.b_u8 ? j.zb - 128 : j.zb);
-  ivit_qgemm_run(gemm, j.a + j.a_off[g], j.m, j.y + static_cast<i64>(g) * j.m * j.n * j.ysize, 1);
+  ivit_qgemm_repack(gemm, j.b + j.b_off[g], j.ldk, j.ldn, j.b_u8 ? 0x80 : 0, j.b_u8 ? j.zb - 128 : j.zb);
+  ivit_qgemm_run_strided(gemm, j.a + j.a_off[g], j.lda, j.m, j.y + j.y_off[g] * j.ysize, j.ldy, 1);
   release(j, gemm);
 }
 
@@ -176,40 +201,68 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
     }
     Job j{};
     j.trans_b = kn.trans_b != 0;
+    // each operand's logical shape and strides (elements): as given, or a head view [B, H, S, dim] of X [B, S, C]
+    auto logical = [](const ivit::OrtTensor& t, const View& v, const char* what, std::vector<i64>& shape,
+                      std::vector<i64>& strides, i64& base) {
+      shape = t.shape, base = 0;
+      if (v.heads == 0) {
+        strides.assign(shape.size(), 1);
+        for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+        return;
+      }
+      const i64 s = v.seq, c = v.channels;
+      if (t.size % (s * c))
+        throw Error{std::string(what) + "'s " + std::to_string(t.size) + " elements are not [B, " +
+                    std::to_string(s) + ", " + std::to_string(c) + "]"};
+      shape = {t.size / (s * c), v.heads, s, v.dim}, strides = {s * c, v.dim, c, 1}, base = v.offset;
+    };
+    std::vector<i64> as, bs, sta, stb;
+    i64 base_a, base_b;
+    logical(a, kn.av, "A", as, sta, base_a);
+    logical(b, kn.bv, "B", bs, stb, base_b);
     // a 1-D A is one row [1, K], a 1-D B one column [K, 1] (MatMul's promotion; the axis is dropped after)
-    std::vector<i64> as = a.shape, bs = b.shape;
     const bool a_row = as.size() == 1, b_col = bs.size() == 1;
-    if (a_row) as.insert(as.begin(), 1);
+    if (a_row) as.insert(as.begin(), 1), sta.insert(sta.begin(), 0);
     if (b_col) {
       if (j.trans_b) throw Error{"trans_b needs a B of at least 2 axes"};
-      bs.push_back(1);
+      bs.push_back(1), stb.push_back(1);
     }
     const size_t ra = as.size(), rb = bs.size(), r = std::max(ra, rb);
     j.m = as[ra - 2], j.k = as[ra - 1];
+    j.lda = a_row ? j.k : sta[ra - 2];
     const i64 kb = bs[rb - (j.trans_b ? 1 : 2)];
     j.n = bs[rb - (j.trans_b ? 2 : 1)];
+    j.ldk = stb[rb - (j.trans_b ? 1 : 2)], j.ldn = stb[rb - (j.trans_b ? 2 : 1)];
     if (kb != j.k) throw Error{"A's K = " + std::to_string(j.k) + " differs from B's " + std::to_string(kb)};
+    if (sta[ra - 1] != 1) throw Error{"A's rows must be contiguous"};
     // the batch axes, broadcast; each GEMM's offset into A and B
     std::vector<i64> shape(r - 2), sa(r - 2, 0), sb(r - 2, 0);
-    i64 stride_a = j.m * j.k, stride_b = j.k * j.n;
     for (size_t i = r - 2; i-- > 0;) {
-      const i64 da = i + ra >= r ? as[i + ra - r] : 1, db = i + rb >= r ? bs[i + rb - r] : 1;
+      const bool in_a = i + ra >= r, in_b = i + rb >= r;
+      const i64 da = in_a ? as[i + ra - r] : 1, db = in_b ? bs[i + rb - r] : 1;
       if (da != db && da != 1 && db != 1) throw Error{"the batch axes of A and B do not broadcast"};
       shape[i] = da == 1 ? db : da;
-      sa[i] = da == 1 ? 0 : stride_a, sb[i] = db == 1 ? 0 : stride_b;
-      stride_a *= da, stride_b *= db;
+      sa[i] = da == 1 ? 0 : sta[i + ra - r], sb[i] = db == 1 ? 0 : stb[i + rb - r];
     }
     i64 count = 1;
     for (i64 d : shape) count *= d;
-    j.a_off.resize(count), j.b_off.resize(count);
+    // the output: [batch..., M, N], or with y_heads the last batch axis merged into the columns
+    const i64 yh = kn.y_heads;
+    if (yh > 0 && (shape.empty() || shape.back() != yh || a_row || b_col))
+      throw Error{"y_heads = " + std::to_string(yh) + " is not the output's last batch axis"};
+    if (yh > 0 && kn.y_seq > 0 && kn.y_seq != j.m)
+      throw Error{"the merged output's rows are " + std::to_string(j.m) + ", not y_seq = " + std::to_string(kn.y_seq)};
+    j.ldy = yh > 0 ? yh * j.n : j.n;
+    j.a_off.resize(count), j.b_off.resize(count), j.y_off.resize(count);
     for (i64 g = 0; g < count; ++g) {
-      i64 rest = g, oa = 0, ob = 0;
+      i64 rest = g, oa = base_a, ob = base_b;
       for (size_t i = shape.size(); i-- > 0;) {
         const i64 idx = rest % shape[i];
         rest /= shape[i];
         oa += idx * sa[i], ob += idx * sb[i];
       }
       j.a_off[g] = oa, j.b_off[g] = ob;
+      j.y_off[g] = yh > 0 ? (g / yh) * j.m * j.ldy + (g % yh) * j.n : g * j.m * j.n;
     }
     j.a = static_cast<const uint8_t*>(a.data), j.b = static_cast<const uint8_t*>(b.data);
     j.a_u8 = a.elem == ort::UINT8, j.b_u8 = b.elem == ort::UINT8;
@@ -240,8 +293,11 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
     j.out_code = ivit::kernel_code(out_elem);
     if (j.out_code < 0) throw Error{"the output must be int8, uint8, int16 or int32"};
     j.ysize = j.out_code == 3 ? 4 : j.out_code == 2 ? 2 : 1;
-    if (!a_row) shape.push_back(j.m);
-    if (!b_col) shape.push_back(j.n);
+    if (yh > 0) shape.back() = j.m, shape.push_back(j.ldy);
+    else {
+      if (!a_row) shape.push_back(j.m);
+      if (!b_col) shape.push_back(j.n);
+    }
     ort::Value* out = nullptr;
     check(g_api->fn<ort::Status*(ort::KernelContext*, size_t, const int64_t*, size_t, ort::Value**)>(
         ort::KernelContext_GetOutput)(ctx, 0, shape.data(), shape.size(), &out));

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "parallel.h"
@@ -172,6 +173,9 @@ struct QGemm {
   // whole tiles: off = (h ^ 2**63) - zx * b and zs = zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy);
   // on aarch64 (an arithmetic shift by a vector of counts) off = h - zx * b
   bool fast = false, zb_zero = false;
+  // the int32 accumulator is the output (QBatchMatMul's int32 form: multiplier 1, shift 0, zero points 0, the
+  // int32 range, no table): y = acc, mod 2**32, with no rescale (identity_rows)
+  bool identity = false;
   alignas(64) uint8_t tab8[256] = {};  // the table as bytes, for byte outputs with VBMI (vbmi_table)
   bool vbmi_table = false;
   std::vector<i64> off, zs;
@@ -249,29 +253,33 @@ IVIT_T_AVX2 void micro_avx2(const int16_t* a, i64 lda, i64 klen, const int16_t* 
 #undef IVIT_ROWS
 
 #define IVIT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+// NV of the tile's 3 vectors of 16 columns: a last, narrow tile (attention's N = 64 or 197) computes only the
+// vectors it has columns in (the epilogue reads no others)
+template <int NV>
 IVIT_T_VNNI void micro_vnni(const uint8_t* a, i64 lda, i64 klen, const int8_t* b, int32_t* out, bool add) {
-#define IVIT_ZERO(r)                                                          \
-  __m512i c##r##0 = add ? _mm512_loadu_si512(out + r * 48) : _mm512_setzero_si512();       \
-  __m512i c##r##1 = add ? _mm512_loadu_si512(out + r * 48 + 16) : _mm512_setzero_si512();  \
-  __m512i c##r##2 = add ? _mm512_loadu_si512(out + r * 48 + 32) : _mm512_setzero_si512();
+#define IVIT_ZERO(r)                                                                                          \
+  __m512i c##r##0 = add ? _mm512_loadu_si512(out + r * 48) : _mm512_setzero_si512();                       \
+  __m512i c##r##1 = add && NV > 1 ? _mm512_loadu_si512(out + r * 48 + 16) : _mm512_setzero_si512();        \
+  __m512i c##r##2 = add && NV > 2 ? _mm512_loadu_si512(out + r * 48 + 32) : _mm512_setzero_si512();
   IVIT_ROWS(IVIT_ZERO)
 #undef IVIT_ZERO
   for (i64 k = 0; k < klen; k += 4, b += 192) {
-    const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64), b2 = _mm512_loadu_si512(b + 128);
+    const __m512i b0 = _mm512_loadu_si512(b);
+    const __m512i b1 = NV > 1 ? _mm512_loadu_si512(b + 64) : b0, b2 = NV > 2 ? _mm512_loadu_si512(b + 128) : b0;
 #define IVIT_STEP(r)                                               \
   {                                                                \
     const __m512i av = _mm512_set1_epi32(load32(a + r * lda + k)); \
     c##r##0 = _mm512_dpbusd_epi32(c##r##0, av, b0);                \
-    c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);                \
-    c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);                \
+    if constexpr (NV > 1) c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1); \
+    if constexpr (NV > 2) c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2); \
   }
     IVIT_ROWS(IVIT_STEP)
 #undef IVIT_STEP
   }
-#define IVIT_STORE(r)                               \
-  _mm512_storeu_si512(out + r * 48, c##r##0);       \
-  _mm512_storeu_si512(out + r * 48 + 16, c##r##1);  \
-  _mm512_storeu_si512(out + r * 48 + 32, c##r##2);
+#define IVIT_STORE(r)                                                    \
+  _mm512_storeu_si512(out + r * 48, c##r##0);                            \
+  if constexpr (NV > 1) _mm512_storeu_si512(out + r * 48 + 16, c##r##1); \
+  if constexpr (NV > 2) _mm512_storeu_si512(out + r * 48 + 32, c##r##2);
   IVIT_ROWS(IVIT_STORE)
 #undef IVIT_STORE
 }
@@ -725,6 +733,23 @@ void epilogue_row(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 m, i64
     epilogue(g, dot, rowsum, n0, cols, r, y);
 }
 
+// y[r][j] = acc of row r, column n0 + j (the identity epilogue: the top's acc, mod 2**32, no rescale)
+void identity_rows(const QGemm& g, const int32_t* tile, i64 nr, const int32_t* rowsum, i64 rows, i64 n0, i64 cols,
+                   int32_t* y, i64 ldy) {
+  const uint32_t* corr = reinterpret_cast<const uint32_t*>(g.corr.data()) + n0;
+  const uint32_t* zb = reinterpret_cast<const uint32_t*>(g.zb.data()) + n0;
+  for (i64 r = 0; r < rows; ++r) {
+    const uint32_t* dot = reinterpret_cast<const uint32_t*>(tile + r * nr);
+    uint32_t* out = reinterpret_cast<uint32_t*>(y + r * ldy);
+    if (g.zb_zero) {
+      for (i64 j = 0; j < cols; ++j) out[j] = dot[j] - corr[j];
+    } else {
+      const uint32_t rs = static_cast<uint32_t>(rowsum[r]);
+      for (i64 j = 0; j < cols; ++j) out[j] = dot[j] - zb[j] * rs - corr[j];
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------- driver
 
 constexpr i64 MC = 48;   // rows per task: a multiple of every lay.mr (4, 6, 8)
@@ -732,7 +757,8 @@ constexpr i64 KC = 256;  // packed k per block (a multiple of every kstep)
 constexpr i64 NC = 192;  // columns per task (rounded to whole tiles)
 
 template <class TO>
-void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1, const Resid& res, TO* y) {
+void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t0, i64 t1, const Resid& res, TO* y,
+               i64 ldy) {
   const Layout L = g.lay;
   const i64 kp = g.kp, rows = m1 - m0, padded = (rows + L.mr - 1) / L.mr * L.mr;
   thread_local std::vector<int16_t> a16;
@@ -751,7 +777,7 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
   const bool flip = byte && g.a_code == (sbytes ? 1 : 0);
   const bool direct = byte && !flip && kp == k;
   const i64 in_place = direct ? rows / L.mr * L.mr : 0;
-  const uint8_t* a_rows = static_cast<const uint8_t*>(a_raw) + m0 * k;
+  const uint8_t* a_rows = static_cast<const uint8_t*>(a_raw) + m0 * lda;
   auto byte_sum = [sbytes](const uint8_t* v, i64 n) {
     int32_t s = 0;
     if (sbytes)
@@ -769,9 +795,9 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
     }
     int32_t s = 0;  // the row sums only matter where zb is not 0
     if (r < in_place) {
-      if (!g.zb_zero) s = byte_sum(a_rows + r * k, k);
+      if (!g.zb_zero) s = byte_sum(a_rows + r * lda, k);
     } else if (byte) {
-      const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;
+      const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * lda;
       if (flip) {
         for (i64 j = 0; j < k; ++j) d8[j] = src[j] ^ 0x80;
       } else {
@@ -781,10 +807,10 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
       s = byte_sum(d8, k);
     } else {
       if (g.a_code == 0) {
-        const int8_t* src = static_cast<const int8_t*>(a_raw) + (m0 + r) * k;
+        const int8_t* src = static_cast<const int8_t*>(a_raw) + (m0 + r) * lda;
         for (i64 j = 0; j < k; ++j) d16[j] = src[j];
       } else {
-        const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * k;
+        const uint8_t* src = static_cast<const uint8_t*>(a_raw) + (m0 + r) * lda;
         for (i64 j = 0; j < k; ++j) d16[j] = src[j];
       }
       for (i64 j = k; j < kp; ++j) d16[j] = 0;
@@ -802,20 +828,27 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
         int32_t* out = tile + r0 * L.nr;
         switch (g.isa) {
 #if IVIT_QGEMM_X86
-          case VNNI:
-            micro_vnni((r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen, g.b8.data() + (t * kp + k0) * 48, out,
-                       k0 > 0);
+          case VNNI: {
+            const uint8_t* ar = r0 < in_place ? a_rows + r0 * lda + k0 : p8 + r0 * kp + k0;
+            const i64 ld = r0 < in_place ? lda : kp;
+            const int8_t* bt = g.b8.data() + (t * kp + k0) * 48;
+            if (cols > 32) micro_vnni<3>(ar, ld, klen, bt, out, k0 > 0);
+            else if (cols > 16) micro_vnni<2>(ar, ld, klen, bt, out, k0 > 0);
+            else micro_vnni<1>(ar, ld, klen, bt, out, k0 > 0);
             break;
+          }
           case AVX2: micro_avx2(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
 #endif
 #if IVIT_QGEMM_ARM
           case NEON: micro_neon(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
           case DOTPROD:
-            micro_dot(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen,
+            micro_dot(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows + r0 * lda : p8 + r0 * kp) + k0,
+                      r0 < in_place ? lda : kp, klen,
                       g.b8.data() + (t * kp + k0) * 16, out, k0 > 0);
             break;
           case I8MM:
-            micro_i8mm(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows : p8) + r0 * kp + k0, kp, klen,
+            micro_i8mm(reinterpret_cast<const int8_t*>(r0 < in_place ? a_rows + r0 * lda : p8 + r0 * kp) + k0,
+                       r0 < in_place ? lda : kp, klen,
                        g.b8.data() + (t * kp + k0) * 16, out, k0 > 0);
             break;
 #endif
@@ -825,27 +858,35 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 m0, i64 m1, i64 t0, i64 t1
         }
       }
     }
+    if constexpr (std::is_same_v<TO, int32_t>) {
+      if (g.identity) {
+        identity_rows(g, tile, L.nr, rowsum, rows, n0, cols, y + m0 * ldy + n0, ldy);
+        continue;
+      }
+    }
     for (i64 r = 0; r < rows; ++r)
-      epilogue_row(g, tile + r * L.nr, rowsum[r], m0 + r, n0, cols, res, y + (m0 + r) * g.n + n0);
+      epilogue_row(g, tile + r * L.nr, rowsum[r], m0 + r, n0, cols, res, y + (m0 + r) * ldy + n0);
   }
 }
 
 template <class TO>
-void run_all(const QGemm& g, const void* a, i64 rows, const Resid& res, TO* y, int threads) {
+void run_all(const QGemm& g, const void* a, i64 lda, i64 rows, const Resid& res, TO* y, i64 ldy, int threads) {
   // tasks: MC rows by about NC columns (whole tiles), small enough to balance a busy pool
   const i64 per = std::max<i64>(1, NC / g.lay.nr), groups = (g.tiles + per - 1) / per;
   const i64 chunks = (rows + MC - 1) / MC * groups;
   struct Task {
     const QGemm* g;
     const void* a;
-    i64 rows, per, groups;
+    i64 lda, rows, per, groups;
     Resid res;
     TO* y;
-  } task{&g, a, rows, per, groups, res, y};
+    i64 ldy;
+  } task{&g, a, lda, rows, per, groups, res, y, ldy};
   auto one = [](void* data, size_t c) {
     const Task& t = *static_cast<Task*>(data);
     const i64 m0 = static_cast<i64>(c) / t.groups * MC, t0 = static_cast<i64>(c) % t.groups * t.per;
-    run_chunk(*t.g, t.a, m0, std::min(t.rows, m0 + MC), t0, std::min(t.g->tiles, t0 + t.per), t.res, t.y);
+    run_chunk(*t.g, t.a, t.lda, m0, std::min(t.rows, m0 + MC), t0, std::min(t.g->tiles, t0 + t.per), t.res, t.y,
+              t.ldy);
   };
   const ivit::ParallelHook hook = ivit::parallel_hook();
   if (chunks <= 1) {
@@ -1049,6 +1090,8 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
   }
   g->zb_zero = std::all_of(g->zb.begin(), g->zb.end(), [](int32_t v) { return v == 0; });
   for (i64 j = 0; j < n; ++j) g->fast = g->fast && g->mult[j] >= INT32_MIN && g->mult[j] <= INT32_MAX;
+  g->identity = !add && out_code == I32 && !table && zy == 0 && qmin <= INT32_MIN && qmax >= INT32_MAX;
+  for (i64 j = 0; j < n; ++j) g->identity = g->identity && g->mult[j] == 1 && g->shift[j] == 0 && g->zx[j] == 0;
   for (auto* v : {&g->zx, &g->mult, &g->half, &g->shift}) v->resize(padded, 0);
   g->zb.resize(padded, 0);
   g->corr.resize(padded, 0);
@@ -1063,25 +1106,119 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
 
 int ivit_qgemm_isa(const void* g) { return static_cast<const QGemm*>(g)->isa; }
 
-int ivit_qgemm_run(const void* g, const void* a, int64_t rows, void* y, int threads) {
-  return ivit_qgemm_run_add(g, a, rows, nullptr, 0, y, threads);
+// the rows through run_all with the output's type
+static int run_any(const QGemm& g, const void* a, i64 lda, i64 rows, const Resid& res, void* y, i64 ldy, int threads) {
+  switch (g.out_code) {
+    case I8: run_all(g, a, lda, rows, res, static_cast<int8_t*>(y), ldy, threads); return 0;
+    case U8: run_all(g, a, lda, rows, res, static_cast<uint8_t*>(y), ldy, threads); return 0;
+    case I16: run_all(g, a, lda, rows, res, static_cast<int16_t*>(y), ldy, threads); return 0;
+    case I32: run_all(g, a, lda, rows, res, static_cast<int32_t*>(y), ldy, threads); return 0;
+    default: return 1;
+  }
+}
+
+int ivit_qgemm_run_strided(const void* gp, const void* a, int64_t lda, int64_t rows, void* y, int64_t ldy,
+                           int threads) {
+  const QGemm& g = *static_cast<const QGemm*>(gp);
+  if (lda < g.k || ldy < g.n || g.add_act) return 1;
+  return run_any(g, a, lda, rows, Resid{nullptr, 0}, y, ldy, threads);
 }
 
 int ivit_qgemm_run_add(const void* gp, const void* a, int64_t rows, const void* r, int64_t r_rows, void* y,
                        int threads) {
   const QGemm& g = *static_cast<const QGemm*>(gp);
   if (g.add_act != (r != nullptr) || (r && (r_rows < 1 || rows % r_rows))) return 1;
-  const Resid res{r, r_rows};
-  switch (g.out_code) {
-    case I8: run_all(g, a, rows, res, static_cast<int8_t*>(y), threads); return 0;
-    case U8: run_all(g, a, rows, res, static_cast<uint8_t*>(y), threads); return 0;
-    case I16: run_all(g, a, rows, res, static_cast<int16_t*>(y), threads); return 0;
-    case I32: run_all(g, a, rows, res, static_cast<int32_t*>(y), threads); return 0;
-    default: return 1;
-  }
+  return run_any(g, a, g.k, rows, Resid{r, r_rows}, y, g.n, threads);
+}
+
+int ivit_qgemm_run(const void* gp, const void* a, int64_t rows, void* y, int threads) {
+  const QGemm& g = *static_cast<const QGemm*>(gp);
+  return ivit_qgemm_run_strided(gp, a, g.k, rows, y, g.n, threads);
 }
 
 void ivit_qgemm_destroy(void* g) { delete static_cast<QGemm*>(g); }
+
+}  // extern "C"
+
+// ------------------------------------------------------------------------------------------------ peak
+// The roofline's ceiling (benchmarks/bench_qgemm.py --kernel): each path's multiply-accumulate instruction in
+// 12 independent chains on registers only, no loads, no epilogue; returns the MACs done (sum: keeps the loop)
+namespace {
+#if IVIT_QGEMM_X86
+IVIT_T_VNNI i64 peak_vnni(i64 iters, int32_t* sum) {
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
+  __m512i c[12];
+  for (auto& v : c) v = _mm512_setzero_si512();
+  for (i64 i = 0; i < iters; ++i)
+    for (auto& v : c) v = _mm512_dpbusd_epi32(v, a, b);
+  for (auto& v : c) *sum += _mm512_reduce_add_epi32(v);
+  return iters * 12 * 64;
+}
+IVIT_T_AVX2 i64 peak_avx2(i64 iters, int32_t* sum) {
+  const __m256i a = _mm256_set1_epi16(3), b = _mm256_set1_epi16(-5);
+  __m256i c[12];
+  for (auto& v : c) v = _mm256_setzero_si256();
+  for (i64 i = 0; i < iters; ++i)
+    for (auto& v : c) v = _mm256_add_epi32(v, _mm256_madd_epi16(a, b));
+  alignas(32) int32_t lanes[8];
+  for (auto& v : c) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+    for (int32_t x : lanes) *sum += x;
+  }
+  return iters * 12 * 16;
+}
+#endif
+#if IVIT_QGEMM_ARM
+i64 peak_neon(i64 iters, int32_t* sum) {
+  const int16x8_t a = vdupq_n_s16(3), b = vdupq_n_s16(-5);
+  int32x4_t c[12];
+  for (auto& v : c) v = vdupq_n_s32(0);
+  for (i64 i = 0; i < iters; ++i)
+    for (int j = 0; j < 12; j += 2) {
+      c[j] = vmlal_s16(c[j], vget_low_s16(a), vget_low_s16(b));
+      c[j + 1] = vmlal_high_s16(c[j + 1], a, b);
+    }
+  for (auto& v : c) *sum += vaddvq_s32(v);
+  return iters * 12 * 4;
+}
+IVIT_T_DOT i64 peak_dot(i64 iters, int32_t* sum) {
+  const int8x16_t a = vdupq_n_s8(3), b = vdupq_n_s8(-5);
+  int32x4_t c[12];
+  for (auto& v : c) v = vdupq_n_s32(0);
+  for (i64 i = 0; i < iters; ++i)
+    for (auto& v : c) v = vdotq_s32(v, a, b);
+  for (auto& v : c) *sum += vaddvq_s32(v);
+  return iters * 12 * 16;
+}
+IVIT_T_I8MM i64 peak_i8mm(i64 iters, int32_t* sum) {
+  const int8x16_t a = vdupq_n_s8(3), b = vdupq_n_s8(-5);
+  int32x4_t c[12];
+  for (auto& v : c) v = vdupq_n_s32(0);
+  for (i64 i = 0; i < iters; ++i)
+    for (auto& v : c) v = vmmlaq_s32(v, a, b);
+  for (auto& v : c) *sum += vaddvq_s32(v);
+  return iters * 12 * 32;
+}
+#endif
+}  // namespace
+
+extern "C" {
+// MACs done by `iters` rounds of the path's bare multiply-accumulate loop (0: a path with no such loop here)
+int64_t ivit_qgemm_peak(int isa, int64_t iters, int32_t* sum) {
+  if (!cpu_has(isa)) return 0;
+  switch (isa) {
+#if IVIT_QGEMM_X86
+    case VNNI: return peak_vnni(iters, sum);
+    case AVX2: return peak_avx2(iters, sum);
+#endif
+#if IVIT_QGEMM_ARM
+    case NEON: return peak_neon(iters, sum);
+    case DOTPROD: return peak_dot(iters, sum);
+    case I8MM: return peak_i8mm(iters, sum);
+#endif
+    default: return 0;
+  }
+}
 
 }  // extern "C"
 

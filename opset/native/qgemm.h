@@ -51,7 +51,13 @@ int ivit_qgemm_run(const void* g, const void* a, int64_t rows, void* y, int thre
 // of r_rows); r null for a GEMM without one. Returns 1 where r is missing or was not expected.
 int ivit_qgemm_run_add(const void* g, const void* a, int64_t rows, const void* r, int64_t r_rows, void* y,
                        int threads);
+// the same with row strides: A's rows lda >= k elements apart, y's ldy >= n (a view into a larger tensor)
+int ivit_qgemm_run_strided(const void* g, const void* a, int64_t lda, int64_t rows, void* y, int64_t ldy,
+                           int threads);
 void ivit_qgemm_destroy(void* g);
+// the roofline's ceiling: MACs done by `iters` rounds of the path's bare multiply-accumulate instruction on
+// registers (12 independent chains; *sum keeps the loop), 0 for the portable path; the caller times it
+int64_t ivit_qgemm_peak(int isa, int64_t iters, int32_t* sum);
 }
 
 namespace ivit {

@@ -6,7 +6,7 @@ table).
 Cases: every signedness pair of A and B, K in (1, 7, 64, 197, 1031), operands at -128 / 127 / 255, zero
 points at their extremes and absent, MatMul's batch broadcasting (rank 2 to 4), B given transposed
 (``trans_b``), per-tensor and per-column Requantize parameters, 1 and 2 threads, few and many GEMMs, each
-instruction-set path this CPU has (``IVIT_GEMM_ISA``).
+instruction-set path this CPU has (``IVIT_GEMM_ISA``); head views of [B, S, C] operands and a merged output.
 """
 
 from __future__ import annotations
@@ -165,6 +165,55 @@ def test_requantize_and_table_on_every_path(isa, monkeypatch):
             table = rng.integers(-(1 << 15), 1 << 15, rq["qmax"] - rq["qmin"] + 1).astype(np.int16)
             model, feeds = batch_model(a, b, za, zb, rq=rq, table=table)
             np.testing.assert_array_equal(ort_run(model, feeds), table[y.astype(np.int64) - rq["qmin"]])
+
+
+def with_views(model: onnx.ModelProto, **attrs) -> onnx.ModelProto:
+    """The same node with head-view attributes added (qbatch_op.cpp's a_*, b_*, y_heads, y_seq)."""
+    node = model.graph.node[0]
+    node.attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items())
+    for vi in model.graph.input:  # the views' sources are given as they are, any shape
+        vi.type.tensor_type.ClearField("shape")
+    return model
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_head_views_on_every_path(isa, monkeypatch):
+    """A and B read as head views of [B, S, C] activations (packed qkv at channel offsets, B as given and
+    transposed, K a multiple of 16 and odd) and the output's heads merged into its columns equal the same
+    GEMMs on the copies, on each instruction-set path this CPU has; a view that does not fit is refused."""
+    need(isa)
+    monkeypatch.setenv("IVIT_GEMM_ISA", isa)
+    rng = np.random.default_rng(ISAS[isa] + 40)
+    nb, s, h = 2, 11, 3
+    for adt, bdt, d in ((np.uint8, np.uint8, 16), (np.int8, np.uint8, 7), (np.uint8, np.int8, 32)):
+        x = operand(rng, adt, (nb, s, 3 * h * d + 5))  # 5 channels more: offsets within a wider row
+        def heads(t, off, d=d):
+            return np.ascontiguousarray(t[:, :, off:off + h * d].reshape(nb, s, h, d).transpose(0, 2, 1, 3))
+
+        view = {"heads": h, "dim": d, "seq": s, "channels": x.shape[2]}
+        a = heads(x, 2)
+        for trans in (False, True):
+            xb = operand(rng, bdt, (nb, s, 3 * h * d + 5)) if bdt != adt else x
+            b = heads(xb, 2 + h * d)  # [nb, h, s, d]: K (trans_b) or V
+            za, zb = zero_point(rng, adt, False), zero_point(rng, bdt, True)
+            want = accumulate(a, np.swapaxes(b, -1, -2), za, zb) if trans else None
+            if not trans:
+                a2 = operand(rng, adt, (nb, h, s, s))  # P · V: A is no view
+                want = accumulate(a2, b, za, zb)
+            model, _ = batch_model(a if trans else a2, b, za, zb, trans_b=trans)
+            attrs = {f"b_{k}": v for k, v in view.items()} | {"b_offset": 2 + h * d}
+            if trans:
+                attrs |= {f"a_{k}": v for k, v in view.items()} | {"a_offset": 2}
+            else:
+                attrs |= {"y_heads": h, "y_seq": s}  # merged: [nb, s, h * n]
+                want = np.ascontiguousarray(want.transpose(0, 2, 1, 3)).reshape(nb, s, -1)
+            feeds = {"a": x if trans else a2, "b": xb}
+            got = ort_run(with_views(model, **attrs), feeds, 2)
+            np.testing.assert_array_equal(got, want, err_msg=f"{adt} {bdt} {d} {trans}")
+    bad, _ = batch_model(a, b, za, zb, trans_b=True)
+    wrong = {f"a_{k}": v for k, v in view.items()} | {"a_seq": s + 1}
+    with pytest.raises(Exception, match="elements are not"):
+        ort_run(with_views(bad, **wrong), {"a": x, "b": b})
 
 
 def test_bad_operands_name_the_node():

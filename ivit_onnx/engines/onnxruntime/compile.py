@@ -21,6 +21,7 @@ from ivit_onnx.weights import unshare_gemm_weights
 from .attn_fold import fold_attention
 from .bias_fold import fold_bias
 from .chain_fold import fold_chains
+from .head_views import head_views, static_shapes
 from .patch_gemm import patch_gemm
 from .qgemm_fold import fast_path, fold_qgemm
 from .resid_fold import fold_residuals
@@ -68,6 +69,8 @@ class Compiled:
         done += [f"{c['resid_fold']} IAdds in the QGemm epilogue"] if c.get("resid_fold") else []
         done += [f"{c['qbatch']} activation GEMMs (attention) as the library's QBatchMatMul"] if c.get(
             "qbatch") else []
+        done += [f"{c['head_views']} attention head splits and merges read in place"] if c.get(
+            "head_views") else []
         return "; ".join(done)
 
 
@@ -117,6 +120,7 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
             out, counts["resid_fold"] = fold_residuals(out, keep=set(keep))
         if qbatch:
             out, counts["qbatch"] = fold_attention(out, keep=set(keep))
+            out, counts["head_views"] = head_views(out, keep=set(keep), shapes=static_shapes(model))
     if u8_gemm and (copies := uint8_copies(out, model, recoded)):
         counts["u8_copy"] = copies  # int8 operands nothing could re-encode, where QGemm did not fuse
     if u8_gemm and (moved := own_uint8_weights(out, model)):
