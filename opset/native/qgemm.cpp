@@ -1,5 +1,6 @@
 // QGemm's kernels (qgemm.h): the 8-bit GEMM, exact by construction on every path, with the Requantize epilogue
-// applied to each tile while it is in L1, so no int32 accumulator goes to memory.
+// (and QGemmAdd's residual IAdd after it) applied to each tile while it is in L1, so no int32 accumulator goes
+// to memory.
 //
 // Every path computes dot[m, n] = sum_k a'[m, k] * w[k, n] in int32 (mod 2**32), a' being A as that path
 // encodes it, and the epilogue turns it into MatMulInteger's accumulator, also mod 2**32:
@@ -180,7 +181,7 @@ struct QGemm {
   bool vbmi_table = false;
   std::vector<i64> off, zs;
   // the residual stage (IvitQGemmAdd; out_code is then the sum's type, mid_code v's): u = v * mv + r * mr +
-  // r_off[n] (mod 2**64; r_off = h - zv * mv - zr * mr, plus r * mr for constant r, whose term then drops),
+  // r_off[n] (mod 2**64; r_off = h - zv * mv - zr * mr, plus r[n] * mr for constants, which drop the r term),
   // then clip((u >> c) + zy, lo, hi). The vector stage (add_fast: -2**62 <= mv, mr < 2**62, lo, hi int32, v
   // inside its type) multiplies by m = hi * 2**31 + lo as two signed 32 x 32-bit products (add_wide; else
   // lo = m, hi = 0: one), exact mod 2**64 as kernels.cpp's mul4; it adds vr_off = r_off ^ 2**63 on x86 (a
