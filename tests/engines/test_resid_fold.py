@@ -89,6 +89,35 @@ def test_fused_artifact_is_bit_exact(isa, monkeypatch):
     assert saturated >= len(cases), saturated  # sums past the clip in half the cases at least
 
 
+def test_sum_of_two_gemms():
+    """An IAdd of two QGemm outputs takes the first into its epilogue, the second's output as its residual."""
+    rng = np.random.default_rng(11)
+    model, feeds = resid_model(rng, np.uint8)
+    g = model.graph
+    second = [n for n in g.node if n.op_type != "IAdd"]
+    renamed = {t: f"{t}_2" for n in second for t in n.output}
+    for n in second:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(n)
+        copy.name = f"{n.name}_2"
+        for i, t in enumerate(copy.input):
+            copy.input[i] = renamed.get(t, t)
+        for i, t in enumerate(copy.output):
+            copy.output[i] = renamed[t]
+        g.node.insert(len(g.node) - 1, copy)
+    iadd = g.node[-1]
+    iadd.input[0] = renamed[iadd.input[1]]  # IAdd(v_2, v): both addends GEMMs
+    g.value_info.append(helper.make_tensor_value_info(iadd.input[0], TensorProto.INT8, [2, 5, N]))
+    g.input.remove(next(i for i in g.input if i.name == "r"))
+    del feeds["r"]
+    compiled = compile_model(model)
+    assert compiled.counts["resid_fold"] == 1
+    assert sorted(fused_ops(compiled.model)) == ["QGemm", "QGemmAdd"]
+    want = evaluator(model).run(None, feeds)
+    got = library_run(compiled.model, feeds)
+    np.testing.assert_array_equal(got[0], want[0])
+
+
 def test_left_alone():
     """The GEMM output also a graph output or kept; a residual that would broadcast v up, or of unknown shape;
     a shift past 62; a non-scalar multiplier."""

@@ -110,7 +110,7 @@ def fold_residuals(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.Model
         if gemm.domain != ENGINE_DOMAIN or gemm.op_type not in FUSED:
             continue
         fused = _fused(gr, gemm, info)
-        if fused is None:
+        if fused is None or id(gr.uses[gemm.output[0]][0][0]) in replace:  # an IAdd of two QGemms: the first
             continue
         replace[id(gr.uses[gemm.output[0]][0][0])] = fused
         dead.add(id(gemm))
