@@ -164,3 +164,34 @@ def test_tiny_vit_residual_adds(tiny):
     assert len(got) == len(want)
     for g, w in zip(got, want.values(), strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+def test_quantize_static_bias_iadds(tmp_path):
+    """onnxruntime ``quantize_static``'s tiny ViT: the bias IAdd(constant) after each weight GEMM's Requantize
+    goes into its QGemm, with the bits of the function bodies on int.onnx."""
+    torch = pytest.importorskip("torch")
+    from ivit_onnx import rewrite
+    from ivit_onnx.models.export import export_onnx
+    from ivit_onnx.models.ort_qdq import ort_quantize
+    from ivit_onnx.models.vit import vit
+    from ivit_onnx.runners import OrtRunner
+
+    torch.manual_seed(0)
+    m = vit(img_size=32, patch_size=8, in_chans=3, num_classes=10, embed_dim=32, depth=2, num_heads=2,
+            mlp_ratio=4).eval()
+    calib = [torch.randn(4, 3, 32, 32) for _ in range(2)]
+    export_onnx(m, calib[0], tmp_path / "fp32.onnx", exporter="torchscript")
+    ort_quantize(tmp_path / "fp32.onnx", tmp_path / "fq.onnx", [c.numpy() for c in calib], "int8_sym")
+    rewrite(tmp_path / "fq.onnx", tmp_path / "int.onnx")
+    model = onnx.load(tmp_path / "int.onnx")
+    compiled = compile_model(model)
+    inits = {t.name for t in model.graph.initializer}
+    constant_adds = [n for n in model.graph.node if n.op_type == "IAdd" and set(n.input[:2]) & inits]
+    assert compiled.counts["resid_fold"] == compiled.counts["qgemm"] - 1 > 0  # all but the head's GEMM
+    assert len(constant_adds) >= compiled.counts["resid_fold"]
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    name = model.graph.input[0].name
+    want = OrtRunner(model, "functions", 1).run({name: x})
+    got = library_run(compiled.model, {name: x})
+    for g, w in zip(got, want.values(), strict=True):
+        np.testing.assert_array_equal(g, w)
