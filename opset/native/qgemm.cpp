@@ -41,6 +41,8 @@
 #include <immintrin.h>
 #define IVIT_T_AVX2 __attribute__((target("avx2")))
 #define IVIT_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+// the VNNI path's vector epilogue (vpmullq in the residual stage): with AVX-512 DQ, as every VNNI CPU has
+#define IVIT_T_EPI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
 #define IVIT_T_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
 #else
 #define IVIT_QGEMM_X86 0
@@ -110,6 +112,16 @@ bool arm_feature(unsigned long hwcap_word, unsigned long bit, const char* apple_
 #endif
 }
 #endif
+
+// AVX-512 DQ (vpmullq), which the VNNI path's vector epilogue uses (every AVX-512 VNNI CPU has it)
+bool cpu_dq() {
+#if IVIT_QGEMM_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
 
 bool cpu_has(int isa) {
   if (isa == PORTABLE) return true;
@@ -452,7 +464,7 @@ IVIT_T_VBMI void lookup16_vbmi(const QGemm& g, __m512i v, uint8_t* y, __mmask16 
 
 // the table entries of 16 int32 lanes v, as int32 lanes (gathered, or looked up in bytes and widened as the
 // table's type)
-IVIT_T_VNNI inline __m512i lookup16(const QGemm& g, __m512i v) {
+IVIT_T_EPI inline __m512i lookup16(const QGemm& g, __m512i v) {
   if (g.vbmi_table) {
     const __m128i t = vbmi16(g, v);
     return g.mid_code == I8 ? _mm512_cvtepi8_epi32(t) : _mm512_cvtepu8_epi32(t);
@@ -462,23 +474,18 @@ IVIT_T_VNNI inline __m512i lookup16(const QGemm& g, __m512i v) {
 }
 
 // the residual stage on 16 values v (inside v's type) of the columns n..n+16, as int64 lanes (columns n..n+8
-// in v[0], the next 8 in v[1]); r: the residual's, widened (activations), or null. The high halves' products
-// are summed before their one shift.
-IVIT_T_VNNI inline __m512i add16(const QGemm& g, const __m512i* v, const int32_t* r, i64 n) {
-  const __m512i mvl = _mm512_set1_epi64(g.mv_lo), mvh = _mm512_set1_epi64(g.mv_hi);
-  const __m512i mrl = _mm512_set1_epi64(g.mr_lo), mrh = _mm512_set1_epi64(g.mr_hi), zs = _mm512_set1_epi64(g.azs);
+// in v[0], the next 8 in v[1]); r: the residual's, widened (activations), or null. vpmullq: the low 64 bits of
+// each product, exact mod 2**64.
+IVIT_T_EPI inline __m512i add16(const QGemm& g, const __m512i* v, const int32_t* r, i64 n) {
+  const __m512i mv = _mm512_set1_epi64(g.mv), mr = _mm512_set1_epi64(g.mr), zs = _mm512_set1_epi64(g.azs);
   const __m128i c = _mm_cvtsi64_si128(g.ac);
   __m256i part[2];
   for (int half = 0; half < 2; ++half) {
-    const __m512i vv = v[half];
-    __m512i t = _mm512_add_epi64(_mm512_mul_epi32(vv, mvl), _mm512_loadu_si512(&g.vr_off[n + 8 * half]));
-    __m512i wide = _mm512_mul_epi32(vv, mvh);
+    __m512i t = _mm512_add_epi64(_mm512_mullo_epi64(v[half], mv), _mm512_loadu_si512(&g.vr_off[n + 8 * half]));
     if (r) {
       const __m512i rv = _mm512_cvtepi32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(r + 8 * half)));
-      t = _mm512_add_epi64(t, _mm512_mul_epi32(rv, mrl));
-      wide = _mm512_add_epi64(wide, _mm512_mul_epi32(rv, mrh));
+      t = _mm512_add_epi64(t, _mm512_mullo_epi64(rv, mr));
     }
-    if (g.add_wide) t = _mm512_add_epi64(t, _mm512_slli_epi64(wide, 31));
     part[half] = _mm512_cvtsepi64_epi32(_mm512_add_epi64(_mm512_srl_epi64(t, c), zs));  // lo, hi: int32
   }
   const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
@@ -489,7 +496,7 @@ IVIT_T_VNNI inline __m512i add16(const QGemm& g, const __m512i* v, const int32_t
 // 16 int32 lanes v to y[0..16) as TO (truncating, as the scalar cast), through the table if any (and `tab`);
 // m: the lanes to write
 template <class TO>
-IVIT_T_VNNI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m, bool tab = true) {
+IVIT_T_EPI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m, bool tab = true) {
   if constexpr (sizeof(TO) == 1) {
     if (tab && g.vbmi_table) return lookup16_vbmi(g, v, reinterpret_cast<uint8_t*>(y), m);
   }
@@ -508,7 +515,7 @@ IVIT_T_VNNI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m, b
 }
 
 template <class TO>
-IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols,
+IVIT_T_EPI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols,
                                  const int32_t* rv, TO* y) {
   const bool direct = g.has_add && g.table.empty();  // v straight from int64 into the residual stage
   const __m512i lo64 = _mm512_set1_epi64(g.qmin), hi64 = _mm512_set1_epi64(g.qmax);
@@ -1065,7 +1072,7 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
     for (i64 i = 0; i <= qmax - qmin; ++i) g->tab8[i] = static_cast<uint8_t>(table[i]);
     g->vbmi_table = true;
   }
-  g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX;
+  g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX && (isa != VNNI || cpu_dq());
   const i64 padded = g->tiles * nr;  // the vector epilogue reads whole tiles (padding columns: unused)
   if (add) {
     auto fits = [](i64 v) { return v >= INT32_MIN && v <= INT32_MAX; };
