@@ -798,9 +798,10 @@ __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::Sessi
               options, "ivit.qgemm_check", ivit::check_qgemm().c_str());
   ort::CustomOpDomain* engine = nullptr;
   if (!s) s = api<ort::Status*(const char*, ort::CustomOpDomain**)>(ort::CreateCustomOpDomain)("ai.ivit.engine", &engine);
-  for (bool table : {false, true})
-    if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
-                engine, ivit::qgemm_op(g_api, table));
+  for (bool add : {false, true})  // QGemm, QGemmTable; with the residual IAdd, QGemmAdd, QGemmTableAdd
+    for (bool table : {false, true})
+      if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
+                  engine, ivit::qgemm_op(g_api, table, add));
   for (int form = 0; form < 4; ++form)  // attention's batched GEMMs on the same kernel (qbatch_op.cpp)
     if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
                 engine, ivit::qbatch_op(g_api, form));

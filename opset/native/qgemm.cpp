@@ -1,5 +1,6 @@
 // QGemm's kernels (qgemm.h): the 8-bit GEMM, exact by construction on every path, with the Requantize epilogue
-// applied to each tile while it is in L1, so no int32 accumulator goes to memory.
+// (and QGemmAdd's residual IAdd after it) applied to each tile while it is in L1, so no int32 accumulator goes
+// to memory.
 //
 // Every path computes dot[m, n] = sum_k a'[m, k] * w[k, n] in int32 (mod 2**32), a' being A as that path
 // encodes it, and the epilogue turns it into MatMulInteger's accumulator, also mod 2**32:
@@ -40,6 +41,8 @@
 #include <immintrin.h>
 #define IVIT_T_AVX2 __attribute__((target("avx2")))
 #define IVIT_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+// the VNNI path's vector epilogue (vpmullq in the residual stage): with AVX-512 DQ, as every VNNI CPU has
+#define IVIT_T_EPI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
 #define IVIT_T_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
 #else
 #define IVIT_QGEMM_X86 0
@@ -110,6 +113,16 @@ bool arm_feature(unsigned long hwcap_word, unsigned long bit, const char* apple_
 }
 #endif
 
+// AVX-512 DQ (vpmullq), which the VNNI path's vector epilogue uses (every AVX-512 VNNI CPU has it)
+bool cpu_dq() {
+#if IVIT_QGEMM_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
 bool cpu_has(int isa) {
   if (isa == PORTABLE) return true;
 #if IVIT_QGEMM_X86
@@ -179,6 +192,23 @@ struct QGemm {
   alignas(64) uint8_t tab8[256] = {};  // the table as bytes, for byte outputs with VBMI (vbmi_table)
   bool vbmi_table = false;
   std::vector<i64> off, zs;
+  // the residual stage (IvitQGemmAdd; out_code is then the sum's type, mid_code v's): u = v * mv + r * mr +
+  // r_off[n] (mod 2**64; r_off = h - zv * mv - zr * mr, plus r[n] * mr for constants, which drop the r term),
+  // then clip((u >> c) + zy, lo, hi). The vector stage (add_fast: -2**62 <= mv, mr < 2**62, lo, hi int32, v
+  // inside its type) multiplies by m = hi * 2**31 + lo as two signed 32 x 32-bit products (add_wide; else
+  // lo = m, hi = 0: one), exact mod 2**64 as kernels.cpp's mul4; it adds vr_off = r_off ^ 2**63 on x86 (a
+  // logical shift, then zs = zy - 2**(63 - c)), r_off on aarch64.
+  bool has_add = false, add_act = false, add_fast = false, add_wide = false;
+  int mid_code = 0, r_code = 0;
+  i64 mv = 0, mr = 0, ac = 0, azy = 0, alo = 0, ahi = 0, azs = 0;
+  i64 mv_lo = 0, mv_hi = 0, mr_lo = 0, mr_hi = 0;
+  std::vector<i64> r_off, vr_off;
+};
+
+// the residual activation of one run: rows repeating (row m reads row m % rows); r null where there is none
+struct Resid {
+  const void* r;
+  i64 rows;
 };
 
 // ------------------------------------------------------------------------------------------- micro-kernels
@@ -378,10 +408,27 @@ IVIT_T_I8MM void micro_i8mm(const int8_t* a, i64 lda, i64 klen, const int8_t* b,
 
 // ------------------------------------------------------------------------------------------------ epilogue
 
+// v as the type of `code` (the cast to the Requantize's output type: truncation)
+inline i64 as_type(i64 v, int code) {
+  switch (code) {
+    case I8: return static_cast<int8_t>(v);
+    case U8: return static_cast<uint8_t>(v);
+    case I16: return static_cast<int16_t>(v);
+    default: return static_cast<int32_t>(v);
+  }
+}
+
+// the residual stage of one value v of column n (r: the residual there, for an activation)
+inline i64 add_one(const QGemm& g, i64 v, i64 n, int32_t r) {
+  const i64 u = as_type(v, g.mid_code) * g.mv + (g.add_act ? r * g.mr : 0) + g.r_off[n];  // mod 2**64 (-fwrapv)
+  const i64 w = (u >> g.ac) + g.azy;
+  return w < g.alo ? g.alo : (w > g.ahi ? g.ahi : w);
+}
+
 // y[j] for the columns n0..n0+cols of one row: the accumulator from dot (see the top), then Requantize
-// (and the table)
+// (and the table), then the residual stage (rv: the residual activation's row, widened)
 template <class TO>
-void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* y) {
+void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, const int32_t* rv, TO* y) {
   const i64 lo = g.qmin, hi = g.qmax;
   for (i64 j = 0; j < cols; ++j) {
     const i64 n = n0 + j;
@@ -390,7 +437,8 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
     const i64 t = (static_cast<i64>(static_cast<int32_t>(acc)) - g.zx[n]) * g.mult[n];
     i64 v = ((t + g.half[n]) >> g.shift[n]) + g.zy;
     v = v < lo ? lo : (v > hi ? hi : v);
-    y[j] = static_cast<TO>(g.table.empty() ? v : g.table[v - lo]);
+    v = g.table.empty() ? v : g.table[v - lo];
+    y[j] = static_cast<TO>(g.has_add ? add_one(g, v, n, rv ? rv[j] : 0) : v);
   }
 }
 
@@ -398,25 +446,61 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
 // acc * b + off is (acc - zx) * b + h + 2**63 mod 2**64 with one signed 32 x 32-bit multiply, the floor shift a
 // logical one on the sign-flipped sum (kernels.cpp's AVX2 rescale).
 #if IVIT_QGEMM_X86
-// y[0..16) = tab8[v - qmin] for v in int32 lanes, by two vpermi2b (128 entries each) and bit 7 choosing
-IVIT_T_VBMI void lookup16_vbmi(const QGemm& g, __m512i v, uint8_t* y, __mmask16 m) {
+// tab8[v - qmin] for v in int32 lanes, as 16 bytes, by two vpermi2b (128 entries each) and bit 7 choosing
+IVIT_T_VBMI __m128i vbmi16(const QGemm& g, __m512i v) {
   const __m512i idx = _mm512_castsi128_si512(
       _mm512_cvtepi32_epi8(_mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin)))));
   const __m512i t0 = _mm512_load_si512(g.tab8), t1 = _mm512_load_si512(g.tab8 + 64);
   const __m512i t2 = _mm512_load_si512(g.tab8 + 128), t3 = _mm512_load_si512(g.tab8 + 192);
   const __m512i lo = _mm512_permutex2var_epi8(t0, idx, t1), hi = _mm512_permutex2var_epi8(t2, idx, t3);
-  const __m128i r = _mm512_castsi512_si128(_mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi));
+  return _mm512_castsi512_si128(_mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi));
+}
+
+// y[0..16) = tab8[v - qmin]
+IVIT_T_VBMI void lookup16_vbmi(const QGemm& g, __m512i v, uint8_t* y, __mmask16 m) {
+  const __m128i r = vbmi16(g, v);
   if (m == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(y), r); else _mm_mask_storeu_epi8(y, m, r);
 }
 
-// 16 int32 lanes v to y[0..16) as TO (truncating, as the scalar cast), through the table if any; m: the lanes
-// to write
-template <class TO>
-IVIT_T_VNNI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m) {
-  if constexpr (sizeof(TO) == 1) {
-    if (g.vbmi_table) return lookup16_vbmi(g, v, reinterpret_cast<uint8_t*>(y), m);
+// the table entries of 16 int32 lanes v, as int32 lanes (gathered, or looked up in bytes and widened as the
+// table's type)
+IVIT_T_EPI inline __m512i lookup16(const QGemm& g, __m512i v) {
+  if (g.vbmi_table) {
+    const __m128i t = vbmi16(g, v);
+    return g.mid_code == I8 ? _mm512_cvtepi8_epi32(t) : _mm512_cvtepu8_epi32(t);
   }
-  if (!g.table.empty())
+  return _mm512_i32gather_epi32(_mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin))),
+                                g.table.data(), 4);
+}
+
+// the residual stage on 16 values v (inside v's type) of the columns n..n+16, as int64 lanes (columns n..n+8
+// in v[0], the next 8 in v[1]); r: the residual's, widened (activations), or null. vpmullq: the low 64 bits of
+// each product, exact mod 2**64.
+IVIT_T_EPI inline __m512i add16(const QGemm& g, const __m512i* v, const int32_t* r, i64 n) {
+  const __m512i mv = _mm512_set1_epi64(g.mv), mr = _mm512_set1_epi64(g.mr), zs = _mm512_set1_epi64(g.azs);
+  const __m128i c = _mm_cvtsi64_si128(g.ac);
+  __m256i part[2];
+  for (int half = 0; half < 2; ++half) {
+    __m512i t = _mm512_add_epi64(_mm512_mullo_epi64(v[half], mv), _mm512_loadu_si512(&g.vr_off[n + 8 * half]));
+    if (r) {
+      const __m512i rv = _mm512_cvtepi32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(r + 8 * half)));
+      t = _mm512_add_epi64(t, _mm512_mullo_epi64(rv, mr));
+    }
+    part[half] = _mm512_cvtsepi64_epi32(_mm512_add_epi64(_mm512_srl_epi64(t, c), zs));  // lo, hi: int32
+  }
+  const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
+  return _mm512_min_epi32(_mm512_max_epi32(u, _mm512_set1_epi32(static_cast<int32_t>(g.alo))),
+                          _mm512_set1_epi32(static_cast<int32_t>(g.ahi)));
+}
+
+// 16 int32 lanes v to y[0..16) as TO (truncating, as the scalar cast), through the table if any (and `tab`);
+// m: the lanes to write
+template <class TO>
+IVIT_T_EPI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m, bool tab = true) {
+  if constexpr (sizeof(TO) == 1) {
+    if (tab && g.vbmi_table) return lookup16_vbmi(g, v, reinterpret_cast<uint8_t*>(y), m);
+  }
+  if (tab && !g.table.empty())
     v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, _mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin))),
                                     g.table.data(), 4);
   if constexpr (sizeof(TO) == 1) {
@@ -431,7 +515,10 @@ IVIT_T_VNNI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m) {
 }
 
 template <class TO>
-IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* y) {
+IVIT_T_EPI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols,
+                                 const int32_t* rv, TO* y) {
+  const bool direct = g.has_add && g.table.empty();  // v straight from int64 into the residual stage
+  const __m512i lo64 = _mm512_set1_epi64(g.qmin), hi64 = _mm512_set1_epi64(g.qmax);
   const __m512i rs = _mm512_set1_epi32(rowsum);
   const __m512i lo = _mm512_set1_epi32(static_cast<int32_t>(g.qmin)), hi = _mm512_set1_epi32(static_cast<int32_t>(g.qmax));
   for (i64 j = 0; j < cols; j += 16) {
@@ -439,23 +526,70 @@ IVIT_T_VNNI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t row
     __m512i acc = _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_loadu_si512(&g.corr[n]));
     if (!g.zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_loadu_si512(&g.zb[n]), rs));
     __m256i part[2];
+    __m512i wide[2];
     for (int half = 0; half < 2; ++half) {
       const i64 m = n + 8 * half;
       const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1) : _mm512_castsi512_si256(acc));
       __m512i t = _mm512_add_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.off[m]));
       t = _mm512_add_epi64(_mm512_srlv_epi64(t, _mm512_loadu_si512(&g.shift[m])), _mm512_loadu_si512(&g.zs[m]));
+      if (direct) {  // the clip on int64, the residual stage's multiplies reading the low 32 bits
+        wide[half] = _mm512_min_epi64(_mm512_max_epi64(t, lo64), hi64);
+        continue;
+      }
       part[half] = _mm512_cvtsepi64_epi32(t);  // saturated to int32: the same clip, qmin and qmax being int32
     }
-    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
     const i64 left = cols - j;
-    store16(g, _mm512_min_epi32(_mm512_max_epi32(v, lo), hi), y + j,
-            static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1));
+    const __mmask16 mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    if (direct) {
+      store16(g, add16(g, wide, rv ? rv + j : nullptr, n), y + j, mask, false);
+      continue;
+    }
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
+    if (!g.has_add) {
+      store16(g, _mm512_min_epi32(_mm512_max_epi32(v, lo), hi), y + j, mask);
+      continue;
+    }
+    const __m512i w = lookup16(g, _mm512_min_epi32(_mm512_max_epi32(v, lo), hi));  // through the table
+    const __m512i halves[2] = {_mm512_cvtepi32_epi64(_mm512_castsi512_si256(w)),
+                               _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(w, 1))};
+    store16(g, add16(g, halves, rv ? rv + j : nullptr, n), y + j, mask, false);
   }
 }
 
 IVIT_T_AVX2 inline __m256i ld(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, int32_t* v) {
+// the residual stage's constants, as add4 takes them
+struct AddAvx2 {
+  __m256i mvl, mvh, mrl, mrh, zs, lo, hi;
+  __m128i c;
+};
+IVIT_T_AVX2 inline AddAvx2 add_consts(const QGemm& g) {
+  return {_mm256_set1_epi64x(g.mv_lo), _mm256_set1_epi64x(g.mv_hi), _mm256_set1_epi64x(g.mr_lo),
+          _mm256_set1_epi64x(g.mr_hi), _mm256_set1_epi64x(g.azs),  _mm256_set1_epi64x(g.alo),
+          _mm256_set1_epi64x(g.ahi),   _mm_cvtsi64_si128(g.ac)};
+}
+
+// the residual stage on 4 int64 lanes v (inside v's type) of the columns n..n+4, r the residual's values
+// (activations) or null: add16's arithmetic, the clip on int64
+IVIT_T_AVX2 inline __m256i add4(const QGemm& g, const AddAvx2& k, __m256i v, const int32_t* r, i64 n) {
+  __m256i t = _mm256_add_epi64(_mm256_mul_epi32(v, k.mvl), ld(&g.vr_off[n]));
+  __m256i wide = _mm256_mul_epi32(v, k.mvh);
+  if (r) {
+    const __m256i rr = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(r)));
+    t = _mm256_add_epi64(t, _mm256_mul_epi32(rr, k.mrl));
+    wide = _mm256_add_epi64(wide, _mm256_mul_epi32(rr, k.mrh));
+  }
+  if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(wide, 31));
+  t = _mm256_add_epi64(_mm256_srl_epi64(t, k.c), k.zs);
+  t = _mm256_blendv_epi8(t, k.hi, _mm256_cmpgt_epi64(t, k.hi));
+  return _mm256_blendv_epi8(t, k.lo, _mm256_cmpgt_epi64(k.lo, t));
+}
+
+// v[0..cols) clipped to qmin..qmax; `direct` (the residual stage without a table): the stage's sums instead,
+// v going into it from the int64 lanes (r: the residual's values there, or null)
+IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, int32_t* v,
+                              bool direct = false, const int32_t* r = nullptr) {
+  const AddAvx2 k = direct ? add_consts(g) : AddAvx2{};
   const __m256i rs = _mm256_set1_epi32(rowsum);
   const __m256i lo = _mm256_set1_epi64x(g.qmin), hi = _mm256_set1_epi64x(g.qmax);
   const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -470,9 +604,21 @@ IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum
       t = _mm256_add_epi64(_mm256_srlv_epi64(t, ld(&g.shift[m])), ld(&g.zs[m]));
       t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
       t = _mm256_blendv_epi8(t, lo, _mm256_cmpgt_epi64(lo, t));
+      if (direct) t = add4(g, k, t, r ? r + j + 4 * half : nullptr, m);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(v + j + 4 * half),
                        _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(t, low)));
     }
+  }
+}
+
+// the residual stage on v[0..cols) in place (cols a multiple of 4; v inside its type: the table's entries)
+IVIT_T_AVX2 void add_avx2(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
+  const AddAvx2 k = add_consts(g);
+  const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  for (i64 j = 0; j < cols; j += 4) {
+    const __m256i vv = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(v + j)));
+    const __m256i t = add4(g, k, vv, r ? r + j : nullptr, n0 + j);
+    _mm_store_si128(reinterpret_cast<__m128i*>(v + j), _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(t, low)));
   }
 }
 #endif
@@ -500,25 +646,99 @@ void rescale_neon(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i6
     vst1q_s32(v + j, vcombine_s32(part[0], part[1]));
   }
 }
+
+// the residual stage on v[0..cols) in place (cols even; v inside its type), r the residual's values
+// (activations) or null: smlal (exact products, sums mod 2**64), an arithmetic shift, the clip on int64
+void add_neon(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
+  const int32x2_t mvl = vdup_n_s32(static_cast<int32_t>(g.mv_lo)), mvh = vdup_n_s32(static_cast<int32_t>(g.mv_hi));
+  const int32x2_t mrl = vdup_n_s32(static_cast<int32_t>(g.mr_lo)), mrh = vdup_n_s32(static_cast<int32_t>(g.mr_hi));
+  const int64x2_t lo = vdupq_n_s64(g.alo), hi = vdupq_n_s64(g.ahi), zy = vdupq_n_s64(g.azy);
+  const int64x2_t nc = vdupq_n_s64(-g.ac);
+  for (i64 j = 0; j < cols; j += 2) {
+    const int32x2_t vv = vld1_s32(v + j);
+    int64x2_t t = vmlal_s32(vld1q_s64(&g.vr_off[n0 + j]), vv, mvl);
+    int64x2_t wide = vmull_s32(vv, mvh);
+    if (r) {
+      const int32x2_t rr = vld1_s32(r + j);
+      t = vmlal_s32(t, rr, mrl);
+      wide = vmlal_s32(wide, rr, mrh);
+    }
+    if (g.add_wide) t = vaddq_s64(t, vshlq_n_s64(wide, 31));
+    t = vaddq_s64(vshlq_s64(t, nc), zy);
+    t = vbslq_s64(vcgtq_s64(t, hi), hi, t);
+    vst1_s32(v + j, vmovn_s64(vbslq_s64(vcltq_s64(t, lo), lo, t)));
+  }
+}
 #endif
 
-// epilogue through the vector rescale: v, then the cast (or the table), which the compiler vectorizes
+// epilogue through the vector rescale: v, then the cast (or the table), which the compiler vectorizes; with
+// the residual stage, the table, then the vector stage, then the cast
 template <class TO>
-void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, TO* __restrict y) {
+void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, const int32_t* rv,
+                   TO* __restrict y) {
   alignas(64) int32_t v[48];
 #if IVIT_QGEMM_X86
-  if (g.isa == VNNI) return epilogue_avx512(g, dot, rowsum, n0, cols, y);
+  if (g.isa == VNNI) return epilogue_avx512(g, dot, rowsum, n0, cols, rv, y);
+  if (g.has_add && g.table.empty()) {  // the residual stage inside the rescale
+    rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v, true, rv);
+    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
+    return;
+  }
   rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v);
 #endif
 #if IVIT_QGEMM_ARM
   rescale_neon(g, dot, rowsum, n0, g.lay.nr, v);
 #endif
+  if (g.has_add) {
+    if (!g.table.empty()) {
+      const int32_t* tab = g.table.data() - g.qmin;
+      for (i64 j = 0; j < g.lay.nr; ++j) v[j] = tab[v[j]];
+    }
+#if IVIT_QGEMM_X86
+    add_avx2(g, v, rv, n0, g.lay.nr);
+#endif
+#if IVIT_QGEMM_ARM
+    add_neon(g, v, rv, n0, g.lay.nr);
+#endif
+    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
+    return;
+  }
   if (g.table.empty()) {
     for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
   } else {
     const int32_t* tab = g.table.data() - g.qmin;
     for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(tab[v[j]]);
   }
+}
+
+// the residual activation's values at row m, columns n0..n0+cols, as int32 (zeros up to lay.nr)
+template <class T>
+void widen(const T* __restrict r, i64 cols, i64 nr, int32_t* __restrict rv) {
+  for (i64 j = 0; j < cols; ++j) rv[j] = r[j];
+  for (i64 j = cols; j < nr; ++j) rv[j] = 0;
+}
+
+// one row's columns n0..n0+cols of a tile (row m of the output): the vector epilogue where it applies, else the
+// scalar one, with the residual activation's row (if any) widened first
+template <class TO>
+void epilogue_row(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 m, i64 n0, i64 cols, const Resid& res,
+                  TO* y) {
+  alignas(64) int32_t rv[48];
+  const int32_t* r = nullptr;
+  if (g.add_act) {
+    const i64 at = (m < res.rows ? m : m % res.rows) * g.n + n0;
+    switch (g.r_code) {
+      case I8: widen(static_cast<const int8_t*>(res.r) + at, cols, g.lay.nr, rv); break;
+      case U8: widen(static_cast<const uint8_t*>(res.r) + at, cols, g.lay.nr, rv); break;
+      case I16: widen(static_cast<const int16_t*>(res.r) + at, cols, g.lay.nr, rv); break;
+      default: widen(static_cast<const int32_t*>(res.r) + at, cols, g.lay.nr, rv); break;
+    }
+    r = rv;
+  }
+  if (g.fast)
+    epilogue_fast(g, dot, rowsum, n0, cols, r, y);
+  else
+    epilogue(g, dot, rowsum, n0, cols, r, y);
 }
 
 // y[r][j] = acc of row r, column n0 + j (the identity epilogue: the top's acc, mod 2**32, no rescale)
@@ -545,7 +765,8 @@ constexpr i64 KC = 256;  // packed k per block (a multiple of every kstep)
 constexpr i64 NC = 192;  // columns per task (rounded to whole tiles)
 
 template <class TO>
-void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t0, i64 t1, TO* y, i64 ldy) {
+void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t0, i64 t1, const Resid& res, TO* y,
+               i64 ldy) {
   const Layout L = g.lay;
   const i64 kp = g.kp, rows = m1 - m0, padded = (rows + L.mr - 1) / L.mr * L.mr;
   thread_local std::vector<int16_t> a16;
@@ -651,18 +872,13 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t
         continue;
       }
     }
-    for (i64 r = 0; r < rows; ++r) {
-      TO* out = y + (m0 + r) * ldy + n0;
-      if (g.fast)
-        epilogue_fast(g, tile + r * L.nr, rowsum[r], n0, cols, out);
-      else
-        epilogue(g, tile + r * L.nr, rowsum[r], n0, cols, out);
-    }
+    for (i64 r = 0; r < rows; ++r)
+      epilogue_row(g, tile + r * L.nr, rowsum[r], m0 + r, n0, cols, res, y + (m0 + r) * ldy + n0);
   }
 }
 
 template <class TO>
-void run_all(const QGemm& g, const void* a, i64 lda, i64 rows, TO* y, i64 ldy, int threads) {
+void run_all(const QGemm& g, const void* a, i64 lda, i64 rows, const Resid& res, TO* y, i64 ldy, int threads) {
   // tasks: MC rows by about NC columns (whole tiles), small enough to balance a busy pool
   const i64 per = std::max<i64>(1, NC / g.lay.nr), groups = (g.tiles + per - 1) / per;
   const i64 chunks = (rows + MC - 1) / MC * groups;
@@ -670,13 +886,15 @@ void run_all(const QGemm& g, const void* a, i64 lda, i64 rows, TO* y, i64 ldy, i
     const QGemm* g;
     const void* a;
     i64 lda, rows, per, groups;
+    Resid res;
     TO* y;
     i64 ldy;
-  } task{&g, a, lda, rows, per, groups, y, ldy};
+  } task{&g, a, lda, rows, per, groups, res, y, ldy};
   auto one = [](void* data, size_t c) {
     const Task& t = *static_cast<Task*>(data);
     const i64 m0 = static_cast<i64>(c) / t.groups * MC, t0 = static_cast<i64>(c) % t.groups * t.per;
-    run_chunk(*t.g, t.a, t.lda, m0, std::min(t.rows, m0 + MC), t0, std::min(t.g->tiles, t0 + t.per), t.y, t.ldy);
+    run_chunk(*t.g, t.a, t.lda, m0, std::min(t.rows, m0 + MC), t0, std::min(t.g->tiles, t0 + t.per), t.res, t.y,
+              t.ldy);
   };
   const ivit::ParallelHook hook = ivit::parallel_hook();
   if (chunks <= 1) {
@@ -731,6 +949,50 @@ std::string probe(int isa, int a_code) {
   return "";
 }
 
+// The residual stage at its edges, on the vector stage where the path has one: uint8 A, Requantize to int8 at
+// its clip bounds (form 0: an int8 activation residual, v the IAdd's a, multipliers at +-2**31; form 1: through
+// an int8 table, per-column constant residuals, multipliers past int32 as the converter's, a uint8 sum), sums
+// that saturate; against int64 loops.
+std::string probe_add(int isa, int form) {
+  const i64 M = 11, K = 67, N = 53;
+  std::vector<int8_t> b(K * N), r(M * N);
+  std::vector<uint8_t> a(M * K);
+  for (i64 i = 0; i < K * N; ++i) b[i] = static_cast<int8_t>((i * 7) % 256 - 128);
+  for (i64 i = 0; i < M * K; ++i) a[i] = static_cast<uint8_t>((i * 13 + i / K * 29) % 256);
+  for (i64 i = 0; i < M * N; ++i) r[i] = static_cast<int8_t>((i * 71) % 256 - 128);
+  std::vector<i64> zx(N), mult(N), shift(N), rc(N), zb(1, 0);
+  std::vector<int32_t> table(256);
+  for (i64 j = 0; j < N; ++j)
+    zx[j] = j * 37 - 500, mult[j] = (j % 2 ? 1 : -1) * (12345 + j * 1001), shift[j] = 12 + j % 5, rc[j] = j * 5 - 128;
+  for (i64 i = 0; i < 256; ++i) table[i] = static_cast<int32_t>((i * 37) % 256 - 128);
+  const IvitQGemmAdd add = form == 0 ? IvitQGemmAdd{I8, nullptr, 0, 5, INT32_MAX - 8, -7, INT32_MIN, 32, 2, -128, 127, I8}
+                                     : IvitQGemmAdd{-1, rc.data(), N, -3, (i64(1) << 50) - 3, 4, (i64(3) << 49) + 7,
+                                                    50, 100, 0, 255, U8};
+  const char* err = nullptr;
+  void* g = ivit_qgemm_create_add(isa, 1, K, N, b.data(), zb.data(), 1, 3, zx.data(), mult.data(), shift.data(), N,
+                                  -3, -128, 127, form ? table.data() : nullptr, I8, &add, &err);
+  if (!g) return err;
+  std::vector<uint8_t> y(M * N);
+  const int bad = ivit_qgemm_run_add(g, a.data(), M, form ? nullptr : r.data(), M, y.data(), 1);
+  ivit_qgemm_destroy(g);
+  if (bad) return "the residual run failed";
+  for (i64 m = 0; m < M; ++m)
+    for (i64 j = 0; j < N; ++j) {
+      i64 s = 0;
+      for (i64 k = 0; k < K; ++k) s += (a[m * K + k] - i64(3)) * b[k * N + j];
+      const i64 h = i64(1) << (shift[j] - 1);
+      i64 v = std::min<i64>(127, std::max<i64>(-128, (((s - zx[j]) * mult[j] + h) >> shift[j]) - 3));
+      if (form) v = table[v + 128];
+      const i64 rv = form ? rc[j] : r[m * N + j];
+      const i64 u = ((v - add.zv) * add.mv + (rv - add.zr) * add.mr + (i64(1) << (add.shift - 1))) >> add.shift;
+      const i64 want = std::min(add.qmax, std::max(add.qmin, u + add.zy));
+      const i64 got = form ? i64(y[m * N + j]) : i64(static_cast<int8_t>(y[m * N + j]));
+      if (got != want)
+        return "gave " + std::to_string(got) + " instead of " + std::to_string(want) + " with a residual";
+    }
+  return "";
+}
+
 }  // namespace
 
 extern "C" {
@@ -746,6 +1008,14 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
                         int64_t za, const int64_t* zx, const int64_t* mult, const int64_t* shift, int64_t nch,
                         int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table, int out_code,
                         const char** err) {
+  return ivit_qgemm_create_add(isa, a_code, k, n, b, zb, nzb, za, zx, mult, shift, nch, zy, qmin, qmax, table,
+                               out_code, nullptr, err);
+}
+
+void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int8_t* b, const int64_t* zb,
+                            int64_t nzb, int64_t za, const int64_t* zx, const int64_t* mult, const int64_t* shift,
+                            int64_t nch, int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table,
+                            int out_code, const IvitQGemmAdd* add, const char** err) {
   isa = pick(isa);
   auto fail = [&](const char* why) -> void* {
     *err = why;
@@ -762,6 +1032,14 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
   if (table && qmax - qmin >= (i64(1) << 24)) return fail("the table would be too large");
   for (i64 j = 0; j < nch; ++j)
     if (shift[j] < 0 || shift[j] > 62) return fail("shifts must be in 0..62");
+  if (add) {
+    if (add->r_code < -1 || add->r_code > I32) return fail("the residual must be int8, uint8, int16 or int32");
+    if (add->r_code < 0 && (!add->r_const || (add->r_size != 1 && add->r_size != n)))
+      return fail("a constant residual must have 1 or N values");
+    if (add->out_code < I8 || add->out_code > I32) return fail("the sum must be int8, uint8, int16 or int32");
+    if (add->shift < 0 || add->shift > 62) return fail("the residual's shift must be in 0..62");
+    if (add->qmin > add->qmax) return fail("the residual's qmin must not exceed its qmax");
+  }
   auto g = std::make_unique<QGemm>();
   g->isa = isa, g->a_code = a_code, g->out_code = out_code, g->k = k, g->n = n, g->lay = layout(isa);
   g->kp = (k + g->lay.kalign - 1) / g->lay.kalign * g->lay.kalign;
@@ -788,16 +1066,40 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
     g->half.push_back(c ? i64(1) << (c - 1) : 0);
   }
   if (table) g->table.assign(table, table + (qmax - qmin + 1));
+  if (add)  // the residual stage reads v as its type: the table's entries cast to it, once
+    for (int32_t& e : g->table) e = static_cast<int32_t>(as_type(e, out_code));
   if (table && isa == VNNI && (out_code == I8 || out_code == U8) && qmax - qmin < 256 && cpu_vbmi()) {
     for (i64 i = 0; i <= qmax - qmin; ++i) g->tab8[i] = static_cast<uint8_t>(table[i]);
     g->vbmi_table = true;
   }
-  g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX;
+  g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX && (isa != VNNI || cpu_dq());
+  const i64 padded = g->tiles * nr;  // the vector epilogue reads whole tiles (padding columns: unused)
+  if (add) {
+    auto fits = [](i64 v) { return v >= INT32_MIN && v <= INT32_MAX; };
+    auto fits62 = [](i64 v) { return v >= -(i64(1) << 62) && v < (i64(1) << 62); };
+    const i64 type_lo[] = {INT8_MIN, 0, INT16_MIN, INT32_MIN}, type_hi[] = {INT8_MAX, UINT8_MAX, INT16_MAX, INT32_MAX};
+    const i64 c = add->shift;
+    g->has_add = true, g->add_act = add->r_code >= 0, g->r_code = add->r_code, g->mid_code = out_code;
+    g->out_code = add->out_code;
+    g->mv = add->mv, g->mr = add->mr, g->ac = c, g->azy = add->zy, g->alo = add->qmin, g->ahi = add->qmax;
+    g->azs = static_cast<i64>(static_cast<uint64_t>(add->zy) - (uint64_t(1) << (63 - c)));
+    const i64 base = (c ? i64(1) << (c - 1) : 0) - add->zv * add->mv - add->zr * add->mr;  // mod 2**64
+    for (i64 j = 0; j < padded; ++j) {
+      const i64 rj = g->add_act || j >= n ? 0 : add->r_const[add->r_size == 1 ? 0 : j];
+      g->r_off.push_back(base + rj * add->mr);
+      g->vr_off.push_back(static_cast<i64>(static_cast<uint64_t>(g->r_off[j]) ^ (arm(isa) ? 0 : uint64_t(1) << 63)));
+    }
+    g->add_wide = !fits(add->mv) || !fits(add->mr);
+    g->mv_lo = g->add_wide ? add->mv & INT32_MAX : add->mv, g->mv_hi = g->add_wide ? add->mv >> 31 : 0;
+    g->mr_lo = g->add_wide ? add->mr & INT32_MAX : add->mr, g->mr_hi = g->add_wide ? add->mr >> 31 : 0;
+    g->add_fast = fits62(add->mv) && fits62(add->mr) && fits(add->qmin) && fits(add->qmax) &&
+                  (table || (qmin >= type_lo[out_code] && qmax <= type_hi[out_code]));
+    g->fast = g->fast && g->add_fast;
+  }
   g->zb_zero = std::all_of(g->zb.begin(), g->zb.end(), [](int32_t v) { return v == 0; });
   for (i64 j = 0; j < n; ++j) g->fast = g->fast && g->mult[j] >= INT32_MIN && g->mult[j] <= INT32_MAX;
-  g->identity = out_code == I32 && !table && zy == 0 && qmin <= INT32_MIN && qmax >= INT32_MAX;
+  g->identity = !add && out_code == I32 && !table && zy == 0 && qmin <= INT32_MIN && qmax >= INT32_MAX;
   for (i64 j = 0; j < n; ++j) g->identity = g->identity && g->mult[j] == 1 && g->shift[j] == 0 && g->zx[j] == 0;
-  const i64 padded = g->tiles * nr;  // the vector epilogue reads whole tiles (padding columns: unused)
   for (auto* v : {&g->zx, &g->mult, &g->half, &g->shift}) v->resize(padded, 0);
   g->zb.resize(padded, 0);
   g->corr.resize(padded, 0);
@@ -812,17 +1114,29 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
 
 int ivit_qgemm_isa(const void* g) { return static_cast<const QGemm*>(g)->isa; }
 
+// the rows through run_all with the output's type
+static int run_any(const QGemm& g, const void* a, i64 lda, i64 rows, const Resid& res, void* y, i64 ldy, int threads) {
+  switch (g.out_code) {
+    case I8: run_all(g, a, lda, rows, res, static_cast<int8_t*>(y), ldy, threads); return 0;
+    case U8: run_all(g, a, lda, rows, res, static_cast<uint8_t*>(y), ldy, threads); return 0;
+    case I16: run_all(g, a, lda, rows, res, static_cast<int16_t*>(y), ldy, threads); return 0;
+    case I32: run_all(g, a, lda, rows, res, static_cast<int32_t*>(y), ldy, threads); return 0;
+    default: return 1;
+  }
+}
+
 int ivit_qgemm_run_strided(const void* gp, const void* a, int64_t lda, int64_t rows, void* y, int64_t ldy,
                            int threads) {
   const QGemm& g = *static_cast<const QGemm*>(gp);
-  if (lda < g.k || ldy < g.n) return 1;
-  switch (g.out_code) {
-    case I8: run_all(g, a, lda, rows, static_cast<int8_t*>(y), ldy, threads); return 0;
-    case U8: run_all(g, a, lda, rows, static_cast<uint8_t*>(y), ldy, threads); return 0;
-    case I16: run_all(g, a, lda, rows, static_cast<int16_t*>(y), ldy, threads); return 0;
-    case I32: run_all(g, a, lda, rows, static_cast<int32_t*>(y), ldy, threads); return 0;
-    default: return 1;
-  }
+  if (lda < g.k || ldy < g.n || g.add_act) return 1;
+  return run_any(g, a, lda, rows, Resid{nullptr, 0}, y, ldy, threads);
+}
+
+int ivit_qgemm_run_add(const void* gp, const void* a, int64_t rows, const void* r, int64_t r_rows, void* y,
+                       int threads) {
+  const QGemm& g = *static_cast<const QGemm*>(gp);
+  if (g.add_act != (r != nullptr) || (r && (r_rows < 1 || rows % r_rows))) return 1;
+  return run_any(g, a, g.k, rows, Resid{r, r_rows}, y, g.n, threads);
 }
 
 int ivit_qgemm_run(const void* gp, const void* a, int64_t rows, void* y, int threads) {
@@ -929,6 +1243,8 @@ std::string check_qgemm() {
       std::string why;
       for (int a_code : {0, 1})
         if (why.empty()) why = probe(isa, a_code);
+      for (int form : {0, 1})
+        if (why.empty()) why = probe_add(isa, form);
       if (faulty && isa != PORTABLE && why.empty()) why = "IVIT_GEMM_PROBE_FAULT";
       if (!why.empty()) g_refused |= 1 << isa;
       out += std::string(out.empty() ? "" : ", ") + NAMES[isa] +

@@ -7,6 +7,12 @@
 // with MatMulInteger's int32 accumulator (wrapping mod 2**32, as an int32 matmul does) and Requantize's
 // int64 rescale, round half up (opset/requantize.py). A: int8 or uint8 [M, K]; B: int8 [K, N], constant,
 // packed once; zb, zx, b, c per tensor (1 value) or per output column (N values); c in 0..62.
+//
+// QGemmAdd (and QGemmTableAdd) add the residual IAdd (opset/README.md "## IAdd") to the epilogue: v = y[m, n]
+// above, as its type, is one addend and r the other, an activation [rows, N] (rows repeating) or constants
+// (1 or N values):
+//   out[m, n] = clip(floor(((v - zv) * mv + (r - zr) * mr + floor(2**c/2)) / 2**c) + zy, qmin, qmax)
+// in int64 (mod 2**64, as the IAdd kernel), the multipliers, shift and zero points scalars.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +31,26 @@ int ivit_qgemm_usable(int isa);     // 1 if it does and the self-check (run here
 void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t* b, const int64_t* zb, int64_t nzb,
                         int64_t za, const int64_t* zx, const int64_t* mult, const int64_t* shift, int64_t nch,
                         int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table, int out_code, const char** err);
+// The residual stage of ivit_qgemm_create_add (qgemm.h's QGemmAdd): r_code 0..3 for an activation r (passed to
+// ivit_qgemm_run_add), -1 for the constants r_const (r_size: 1 or n values); out_code the sum's type.
+struct IvitQGemmAdd {
+  int r_code;
+  const int64_t* r_const;
+  int64_t r_size, zv, mv, zr, mr, shift, zy, qmin, qmax;
+  int out_code;
+};
+// ivit_qgemm_create with the residual stage (add null: none); out_code stays the Requantize's (table's) type
+void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int8_t* b, const int64_t* zb,
+                            int64_t nzb, int64_t za, const int64_t* zx, const int64_t* mult, const int64_t* shift,
+                            int64_t nch, int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table,
+                            int out_code, const IvitQGemmAdd* add, const char** err);
 int ivit_qgemm_isa(const void* g);  // the path a packed GEMM runs
 // y[m, n] for m < rows of a (row-major [rows, k]); threads: on the caller's pool hook if set, else that many
 int ivit_qgemm_run(const void* g, const void* a, int64_t rows, void* y, int threads);
+// the same with the residual activation r, [r_rows, N] row-major, row m reading row m % r_rows (rows a multiple
+// of r_rows); r null for a GEMM without one. Returns 1 where r is missing or was not expected.
+int ivit_qgemm_run_add(const void* g, const void* a, int64_t rows, const void* r, int64_t r_rows, void* y,
+                       int threads);
 // the same with row strides: A's rows lda >= k elements apart, y's ldy >= n (a view into a larger tensor)
 int ivit_qgemm_run_strided(const void* g, const void* a, int64_t lda, int64_t rows, void* y, int64_t ldy,
                            int threads);
@@ -38,8 +61,9 @@ int64_t ivit_qgemm_peak(int isa, int64_t iters, int32_t* sum);
 }
 
 namespace ivit {
-// The QGemm op of domain ai.ivit.engine (and its table form, QGemmTable) for RegisterCustomOps.
-const ort::CustomOp* qgemm_op(const ort::Api* api, bool table);
+// The QGemm op of domain ai.ivit.engine (and its table form, QGemmTable; with add, QGemmAdd and
+// QGemmTableAdd) for RegisterCustomOps.
+const ort::CustomOp* qgemm_op(const ort::Api* api, bool table, bool add = false);
 // The self-check of the QGemm paths (once per process): each path this CPU has, at the worst cases, against
 // plain int64 loops; a path that differs is never picked. Returns the outcome, e.g. "vnni exact, avx2 exact,
 // portable exact".

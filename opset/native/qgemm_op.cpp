@@ -2,10 +2,15 @@
 // compile step writes (ivit_onnx/engines/onnxruntime/qgemm_fold.py):
 //   QGemm(A, a_zero_point, B, b_zero_point, x_zero_point, multiplier, shift, y_zero_point) -> y
 //   QGemmTable(..., y_zero_point, table) -> table[y - qmin]
-// attributes qmin, qmax. Every input but A must be a constant initializer: B is packed, and the parameters
-// expanded per column, once, when onnxruntime creates the kernel; the kernel is then immutable, so onnxruntime
-// may run it concurrently. The rows run on onnxruntime's intra-op pool (one thread: one core).
+//   QGemmAdd(<QGemm's inputs>, r, v_zero_point, r_zero_point, v_multiplier, r_multiplier, shift, sum_zero_point)
+//   QGemmTableAdd(<QGemmTable's inputs>, r, ...) -> IAdd(v, r) of that y as v (resid_fold.py), in one epilogue
+// attributes qmin, qmax (and the IAdd's add_qmin, add_qmax). Every input but A (and r) must be a constant
+// initializer: B is packed, and the parameters expanded per column, once, when onnxruntime creates the kernel;
+// the kernel is then immutable, so onnxruntime may run it concurrently. r is constant (1 or N values: the
+// last axis) or an activation whose shape, leading 1s dropped, ends y's (rows repeating). The rows run on
+// onnxruntime's intra-op pool (one thread: one core).
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -42,24 +47,44 @@ struct Kernel {
   void* gemm;
   i64 k, n;
   std::string node;
+  int r_code;  // the residual activation's type (kernels.h's codes), -1 if none or constant
+  bool table, add;
 };
 
 struct QOp {
   ort::CustomOp base;
-  bool table;
+  bool table, add;
 };
 
 bool has_table(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op)->table; }
+bool has_add(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op)->add; }
 
-const char* name_of(bool table) { return table ? "QGemmTable" : "QGemm"; }
+const char* name_of(bool table, bool add) {
+  return add ? (table ? "QGemmTableAdd" : "QGemmAdd") : (table ? "QGemmTable" : "QGemm");
+}
 
-Tensor constant(const ort::KernelInfo* info, size_t i) {
+// the index of the residual r, the first of the IAdd's inputs
+size_t residual_input(bool table) { return table ? 9 : 8; }
+
+// input i's value where it is a constant initializer, else null
+const ort::Value* maybe_constant(const ort::KernelInfo* info, size_t i) {
   int is_const = 0;
   const ort::Value* v = nullptr;
   check(api<ort::Status*(const ort::KernelInfo*, size_t, int*, const ort::Value**)>(
       static_cast<ort::Slot>(CONSTANT_INPUT_SLOT))(info, i, &is_const, &v));
-  if (!is_const || !v) throw Error{"input " + std::to_string(i) + " must be a constant initializer"};
+  return is_const ? v : nullptr;
+}
+
+Tensor constant(const ort::KernelInfo* info, size_t i) {
+  const ort::Value* v = maybe_constant(info, i);
+  if (!v) throw Error{"input " + std::to_string(i) + " must be a constant initializer"};
   return read(v);
+}
+
+// a scalar parameter of the residual stage
+i64 single(const Tensor& t, const char* what) {
+  if (t.size != 1) throw Error{std::string(what) + " must be a single value"};
+  return t.at(0);
 }
 
 // a parameter with 1 or n values, as n int64
@@ -71,12 +96,12 @@ std::vector<i64> per_column(const Tensor& t, i64 n, const char* what) {
 }
 
 ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelInfo* info, void** out) {
-  const bool table = has_table(op);
+  const bool table = has_table(op), add = has_add(op);
   const std::string node = ivit::ort_node_name(g_api, info);
   try {
-    i64 attr[2];
-    const char* names[2] = {"qmin", "qmax"};
-    for (int i = 0; i < 2; ++i)
+    i64 attr[4];
+    const char* names[4] = {"qmin", "qmax", "add_qmin", "add_qmax"};
+    for (int i = 0; i < (add ? 4 : 2); ++i)
       check(api<ort::Status*(const ort::KernelInfo*, const char*, int64_t*)>(ort::KernelInfoGetAttribute_int64)(
           info, names[i], &attr[i]));
     const Tensor za = constant(info, 1), b = constant(info, 2), zb = constant(info, 3), zx = constant(info, 4);
@@ -96,15 +121,39 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
     }
     const auto zbs = per_column(zb, n, "b_zero_point"), zxs = per_column(zx, n, "x_zero_point");
     const auto ms = per_column(mult, n, "multiplier"), cs = per_column(shift, n, "shift");
+    IvitQGemmAdd res{};
+    std::vector<i64> r_values;
+    int r_code = -1;
+    if (add) {
+      const size_t first = residual_input(table);
+      const Tensor zv = constant(info, first + 1), zr = constant(info, first + 2), sum_zy = constant(info, first + 6);
+      res.zv = single(zv, "v_zero_point"), res.zr = single(zr, "r_zero_point");
+      res.mv = single(constant(info, first + 3), "v_multiplier");
+      res.mr = single(constant(info, first + 4), "r_multiplier");
+      res.shift = single(constant(info, first + 5), "the residual's shift");
+      res.zy = single(sum_zy, "sum_zero_point");
+      res.qmin = attr[2], res.qmax = attr[3], res.out_code = code(sum_zy.elem);
+      if (zv.elem != (table ? constant(info, 8).elem : zy.elem))
+        throw Error{"v_zero_point must have the type of the GEMM's output"};
+      if (const ort::Value* rc = maybe_constant(info, first)) {
+        const Tensor r = read(rc);
+        r_values = per_column(r, n, "a constant residual");
+        if (r.size != 1 && r.shape.back() != n) throw Error{"a constant residual must lie along the last axis"};
+        res.r_code = -1, res.r_const = r_values.data(), res.r_size = n;
+      } else {
+        res.r_code = code(zr.elem);
+        r_code = res.r_code;
+      }
+    }
     const char* err = nullptr;
-    void* g = ivit_qgemm_create(0, a_code, k, n, static_cast<const int8_t*>(b.data), zbs.data(), n, za.at(0),
-                                zxs.data(), ms.data(), cs.data(), n, zy.at(0), attr[0], attr[1],
-                                table ? tab.data() : nullptr, out_code, &err);
+    void* g = ivit_qgemm_create_add(0, a_code, k, n, static_cast<const int8_t*>(b.data), zbs.data(), n, za.at(0),
+                                    zxs.data(), ms.data(), cs.data(), n, zy.at(0), attr[0], attr[1],
+                                    table ? tab.data() : nullptr, out_code, add ? &res : nullptr, &err);
     if (!g) throw Error{err};
-    *out = new Kernel{g, k, n, node};
+    *out = new Kernel{g, k, n, node, r_code, table, add};
     return nullptr;
   } catch (const Error& e) {
-    return status(std::string("ai.ivit.engine ") + name_of(table) + " node '" + node + "' refused: " + e.msg);
+    return status(std::string("ai.ivit.engine ") + name_of(table, add) + " node '" + node + "' refused: " + e.msg);
   }
 }
 
@@ -125,25 +174,50 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
     const Tensor y = read(out);
     const i64 rows = a.size / k.k;
     if (rows == 0) return nullptr;
+    const void* r = nullptr;
+    i64 r_rows = 0;
+    if (k.r_code >= 0) {  // its shape, leading 1s dropped, ends y's: row m of y reads row m % r_rows
+      const ort::Value* rv = nullptr;
+      const size_t first = residual_input(k.table);
+      check(api<ort::Status*(const ort::KernelContext*, size_t, const ort::Value**)>(ort::KernelContext_GetInput)(
+          ctx, first, &rv));
+      const Tensor rt = read(rv);
+      if (code(rt.elem) != k.r_code) throw Error{"the residual must have r_zero_point's type"};
+      size_t lead = 0;
+      while (lead < rt.shape.size() && rt.shape[lead] == 1) ++lead;
+      const size_t nr = rt.shape.size() - lead;
+      if (rt.shape.empty() || rt.shape.back() != k.n || nr > shape.size() ||
+          !std::equal(rt.shape.begin() + lead, rt.shape.end(), shape.end() - nr))
+        throw Error{"the residual's shape must end the output's"};
+      r = rt.data, r_rows = rt.size / k.n;
+    }
     ivit::OrtPoolScope pool(g_api, ctx);
-    ivit_qgemm_run(k.gemm, a.data, rows, const_cast<void*>(y.data), 1);
+    if (ivit_qgemm_run_add(k.gemm, a.data, rows, r, r_rows, const_cast<void*>(y.data), 1))
+      throw Error{"the residual does not fit the GEMM"};
     return nullptr;
   } catch (const Error& e) {
-    return status("ai.ivit.engine QGemm node '" + k.node + "': " + e.msg);
+    return status(std::string("ai.ivit.engine ") + name_of(k.table, k.add) + " node '" + k.node + "': " + e.msg);
   }
 }
 
-QOp make(bool table) {
+QOp make(bool table, bool add) {
   ort::CustomOp o = ivit::ort_custom_op();
-  o.GetName = [](const ort::CustomOp* op) { return name_of(has_table(op)); };
+  o.GetName = [](const ort::CustomOp* op) { return name_of(has_table(op), has_add(op)); };
   // A, a_zero_point: int8 or uint8; B, b_zero_point int8; x_zero_point int32; multiplier, shift int64;
   // y_zero_point and the table: the output's type (undefined: checked when the kernel is created)
-  o.GetInputType = [](const ort::CustomOp*, size_t i) {
+  // the residual stage: r, v_zero_point, r_zero_point: the types of r and v; v_multiplier, r_multiplier,
+  // shift int64; sum_zero_point the output's type
+  o.GetInputType = [](const ort::CustomOp* op, size_t i) {
     static const ort::ElemType types[] = {ort::UNDEFINED, ort::UNDEFINED, ort::INT8,      ort::INT8,     ort::INT32,
                                           ort::INT64,     ort::INT64,     ort::UNDEFINED, ort::UNDEFINED};
-    return types[i];
+    static const ort::ElemType resid[] = {ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED, ort::INT64,
+                                          ort::INT64,     ort::INT64,     ort::UNDEFINED};
+    const size_t first = residual_input(has_table(op));
+    return i < first ? types[i] : resid[i - first];
   };
-  o.GetInputTypeCount = [](const ort::CustomOp* op) -> size_t { return has_table(op) ? 9 : 8; };
+  o.GetInputTypeCount = [](const ort::CustomOp* op) -> size_t {
+    return residual_input(has_table(op)) + (has_add(op) ? 7 : 0);
+  };
   o.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::UNDEFINED; };
   o.GetOutputTypeCount = [](const ort::CustomOp*) -> size_t { return 1; };
   o.KernelDestroy = [](void* k) {
@@ -152,17 +226,17 @@ QOp make(bool table) {
   };
   o.CreateKernelV2 = create;
   o.KernelComputeV2 = compute;
-  return QOp{o, table};
+  return QOp{o, table, add};
 }
 
 }  // namespace
 
 namespace ivit {
 
-const ort::CustomOp* qgemm_op(const ort::Api* api, bool table) {
+const ort::CustomOp* qgemm_op(const ort::Api* api, bool table, bool add) {
   g_api = api;
-  static const QOp ops[2] = {make(false), make(true)};
-  return &ops[table ? 1 : 0].base;
+  static const QOp ops[4] = {make(false, false), make(true, false), make(false, true), make(true, true)};
+  return &ops[(table ? 1 : 0) + (add ? 2 : 0)].base;
 }
 
 }  // namespace ivit

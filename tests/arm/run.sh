@@ -103,7 +103,8 @@ for cpu in "${models[@]}"; do
   # the native kernels and QGemm against the numpy references (the project's own test files), then the rest,
   # whose compiled digits model must run its weight GEMMs as QGemm
   before=$status
-  guest_pytest "$cpu" "native kernels" tests/opset/test_native.py tests/opset/test_qgemm.py tests/opset/test_qbatch.py
+  guest_pytest "$cpu" "native kernels" tests/opset/test_native.py tests/opset/test_qgemm.py tests/opset/test_qgemm_add.py \
+    tests/opset/test_qbatch.py
   if [ "$status" = "$before" ]; then
     out=$("${guest[@]}" tests/arm/exactness.py --samples "${IVIT_ARM_SAMPLES:-32}" 2>&1) || status=1
     grep -v "^  \|^$\|^wrote\|^attach_functions\|^ivit_onnx.validate" <<<"$out" | sed "s/^/[$cpu] /" || true
@@ -123,7 +124,8 @@ if [ "${IVIT_ARM_I8MM:-1}" != 0 ]; then
   python=(qemu-aarch64 -cpu max,pauth=off -L "$sysroot" "$sysroot/usr/bin/python3.11")
   guest=(env PYTHONPATH="$pkg:$site" IVIT_NATIVE_LIB="$lib" GLIBC_TUNABLES=glibc.malloc.top_pad=1073741824
          IVIT_GUEST_PYTHON="${python[*]}" "${python[@]}")
-  guest_pytest max "QGemm i8mm" tests/opset/test_qgemm.py tests/opset/test_qbatch.py -k "i8mm or self_check"
+  guest_pytest max "QGemm i8mm" tests/opset/test_qgemm.py tests/opset/test_qgemm_add.py tests/opset/test_qbatch.py \
+    -k "i8mm or self_check"
   echo "arm64 max (i8mm): $(( $(date +%s) - t )) s"
 fi
 exit $status

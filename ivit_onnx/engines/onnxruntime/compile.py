@@ -24,6 +24,7 @@ from .chain_fold import fold_chains
 from .head_views import head_views, static_shapes
 from .patch_gemm import patch_gemm
 from .qgemm_fold import fast_path, fold_qgemm
+from .resid_fold import fold_residuals
 from .u8_gemm import own_uint8_weights, recode, uint8_copies
 
 ENGINE_KEY = "ivit.engine"
@@ -65,6 +66,7 @@ class Compiled:
         done += [f"{c['patch_gemm']} patch ConvInteger as MatMulInteger"] if c.get("patch_gemm") else []
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
         done += [f"{c['qgemm']} GEMM + Requantize pairs as the library's QGemm"] if c.get("qgemm") else []
+        done += [f"{c['resid_fold']} IAdds in the QGemm epilogue"] if c.get("resid_fold") else []
         done += [f"{c['qbatch']} activation GEMMs (attention) as the library's QBatchMatMul"] if c.get(
             "qbatch") else []
         done += [f"{c['head_views']} attention head splits and merges read in place"] if c.get(
@@ -90,7 +92,7 @@ def is_artifact(model: onnx.ModelProto) -> bool:
 
 
 def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bool = True, patch: bool = True,
-                  chain_fold: bool = True, qgemm: bool = True, qbatch: bool = True,
+                  chain_fold: bool = True, qgemm: bool = True, qbatch: bool = True, resid: bool = True,
                   keep=frozenset()) -> Compiled:
     """Apply the rewrites to a copy of ``model`` (an integer model as converted); ``keep`` names intermediates
     that must survive them (validate's per-layer comparison). ``chain_fold`` writes ops that only the native
@@ -114,6 +116,8 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["chain_fold"] = fold_chains(out, keep=set(keep))
     if qgemm and fast_path():
         out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
+        if resid:
+            out, counts["resid_fold"] = fold_residuals(out, keep=set(keep))
         if qbatch:
             out, counts["qbatch"] = fold_attention(out, keep=set(keep))
             out, counts["head_views"] = head_views(out, keep=set(keep), shapes=static_shapes(model))

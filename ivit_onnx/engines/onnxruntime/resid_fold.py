@@ -1,0 +1,120 @@
+"""Fuse the IAdd that alone reads a QGemm's output into the GEMM's epilogue: ``QGemm | QGemmTable -> IAdd``
+becomes ``ai.ivit.engine`` QGemmAdd / QGemmTableAdd (``opset/native/qgemm.cpp``'s residual stage), so the
+GEMM's output goes to memory once, as the sum: the residual adds after DeiT's attention projections and fc2,
+and the bias IAdd(constant) after each Requantize of onnxruntime ``quantize_static`` models.
+
+The stage computes the IAdd's int64 arithmetic bit for bit, with the GEMM's output v on the side of the IAdd
+it has in the graph, so the artifact keeps the bits of ``int.onnx``. Fused: an IAdd of the private domain
+whose zero points, multipliers and shift (0..62) are constant single values, v's zero point of v's type; the
+other addend r a constant along the last axis (1 or N values), or an int8/uint8/int16/int32 activation of the
+zero point's type whose known shape, leading 1s dropped, ends v's (so the sum has v's shape); the GEMM's
+output read by nothing else (graph outputs and ``keep`` stay). Runs after :mod:`.qgemm_fold`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ivit_onnx.opset import DOMAIN
+
+from .qgemm_fold import ENGINE_DOMAIN, _Graph, apply
+
+#: the fused op of each GEMM form
+FUSED = {"QGemm": "QGemmAdd", "QGemmTable": "QGemmTableAdd"}
+#: the residual types the stage reads
+TYPES = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.int32)}
+
+
+def _types_and_shapes(g: onnx.GraphProto) -> dict[str, tuple[int, list | None]]:
+    """Each tensor's (element type, dims: int or symbol, None where unknown) that the graph records."""
+    out = {}
+    for v in (*g.value_info, *g.input, *g.output):
+        t = v.type.tensor_type
+        dims = None
+        if t.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+        out[v.name] = (t.elem_type, dims)
+    return out
+
+
+def _ends(r: list | None, v: list | None) -> bool:
+    """``r``'s dims, leading 1s dropped, are known and equal the last of ``v``'s, and r has no more axes."""
+    if r is None or v is None or len(r) > len(v):
+        return False
+    lead = next((i for i, d in enumerate(r) if d != 1), len(r))
+    tail = r[lead:]
+    return all(d is not None and d == w for d, w in zip(tail, v[len(v) - len(tail):], strict=True))
+
+
+def _fused(gr: _Graph, gemm: onnx.NodeProto, info: dict) -> onnx.NodeProto | None:
+    """The fused node replacing the IAdd after ``gemm``, or None where the pattern or a parameter fails."""
+    out = gemm.output[0]
+    if not gr.only_use(out):
+        return None
+    iadd, side = gr.uses[out][0]
+    if iadd.domain != DOMAIN or iadd.op_type != "IAdd" or side not in (0, 1) or len(iadd.input) != 8:
+        return None
+    params = [gr.const(iadd, i) for i in range(2, 8)]
+    if any(p is None or p.size != 1 for p in params):
+        return None
+    za, zb, ma, mb, shift, zy = params
+    if ma.dtype != np.int64 or mb.dtype != np.int64 or shift.dtype != np.int64:
+        return None
+    if not 0 <= int(shift.reshape(-1)[0]) <= 62:
+        return None
+    zv, zr = (za, zb) if side == 0 else (zb, za)
+    v_type = gr.const(gemm, 8 if gemm.op_type == "QGemmTable" else 7)
+    w = gr.const(gemm, 2)
+    if v_type is None or w is None or zv.dtype != v_type.dtype or zr.dtype not in TYPES:
+        return None
+    n = w.shape[1]
+    v_dims = info.get(out, (0, None))[1]
+    r_name = iadd.input[1 - side]
+    r = gr.consts.get(r_name)
+    if r is not None:  # along the last axis, adding no axes to v
+        if r.dtype not in TYPES or not (r.size == 1 or (r.size == n and r.shape[-1] == n)):
+            return None
+        if r.ndim > 1 and not (v_dims is not None and r.ndim <= len(v_dims)):
+            return None
+    else:
+        elem, r_dims = info.get(r_name, (0, None))
+        if elem != helper.np_dtype_to_tensor_dtype(zr.dtype) or not r_dims or r_dims[-1] != n:
+            return None
+        if not _ends(r_dims, v_dims):
+            return None
+    names = iadd.input[2:]
+    v_zp, r_zp, v_m, r_m = (names[0], names[1], names[2], names[3]) if side == 0 else (
+        names[1], names[0], names[3], names[2])
+    attrs = {a.name: a.i for a in gemm.attribute if a.name in ("qmin", "qmax")}
+    attrs |= {f"add_{a.name}": a.i for a in iadd.attribute if a.name in ("qmin", "qmax")}
+    if len(attrs) != 4:
+        return None
+    inputs = [*gemm.input, r_name, v_zp, r_zp, v_m, r_m, names[4], names[5]]
+    return helper.make_node(FUSED[gemm.op_type], inputs, [iadd.output[0]], name=f"{gemm.name}_add",
+                            domain=ENGINE_DOMAIN, **attrs)
+
+
+def fold_residuals(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProto, int]:
+    """A copy of ``model`` with the IAdd after each QGemm (QGemmTable) in its epilogue where it can be;
+    returns it and how many were fused."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    gr = _Graph(g, keep)
+    info = _types_and_shapes(g)
+    replace: dict[int, onnx.NodeProto] = {}
+    dead: set[int] = set()
+    for gemm in list(g.node):
+        if gemm.domain != ENGINE_DOMAIN or gemm.op_type not in FUSED:
+            continue
+        fused = _fused(gr, gemm, info)
+        if fused is None or id(gr.uses[gemm.output[0]][0][0]) in replace:  # an IAdd of two QGemms: the first
+            continue
+        replace[id(gr.uses[gemm.output[0]][0][0])] = fused
+        dead.add(id(gemm))
+    return out, apply(out, replace, dead)
+
+
+__all__ = ["fold_residuals"]

@@ -1,0 +1,251 @@
+"""QGemm's residual stage (``opset/native/qgemm.cpp``, ops ``ai.ivit.engine`` QGemmAdd / QGemmTableAdd): the
+GEMM's Requantize (and table) output v, then an IAdd with r, bit for bit against numpy (the QGemm reference,
+then the IAdd reference), on every instruction-set path this CPU has (``tests/arm/run.sh`` runs this file
+on the emulated ARM cores). Cases: int8 and uint8 A, per-tensor and per-column Requantize, v as the IAdd's a
+or b, activation residuals of every IAdd input type and constant ones (per column, single), sums that
+saturate, multipliers within int32 and past it (the converter's, near 2**53: two products a lane), past 2**62
+(the scalar epilogue), through a table, and through onnxruntime with ``IVIT_GEMM_ISA``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from ivit_onnx.opset import native_kernels
+from ivit_onnx.opset.iadd import reference as iadd
+from tests.opset.test_qgemm import CODES, DOMAIN, ISAS, ROOT, _lib, case, need, ort_run, reference
+
+pytestmark = pytest.mark.skipif(not native_kernels.available(), reason="native library not built")
+RESIDUALS = (np.int8, np.uint8, np.int16, np.int32)
+
+
+class Add(ctypes.Structure):
+    """qgemm.h's IvitQGemmAdd."""
+
+    _fields_ = [("r_code", ctypes.c_int), ("r_const", ctypes.c_void_p)] + [
+        (name, ctypes.c_int64) for name in ("r_size", "zv", "mv", "zr", "mr", "shift", "zy", "qmin", "qmax")
+    ] + [("out_code", ctypes.c_int)]
+
+
+def _add_lib():
+    lib = _lib()
+    p, i, c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.ivit_qgemm_create_add.argtypes = [c, c, i, i, p, p, i, i, p, p, p, i, i, i, i, p, c,
+                                          ctypes.POINTER(Add), ctypes.POINTER(ctypes.c_char_p)]
+    lib.ivit_qgemm_create_add.restype = p
+    lib.ivit_qgemm_run_add.argtypes, lib.ivit_qgemm_run_add.restype = [p, p, i, p, i, p, c], c
+    return lib
+
+
+def residual(rng, c: dict, rdt, form: str, v_first: bool, out=np.int8, wide=False) -> dict:
+    """IAdd parameters for the GEMM's output v and r (``form``: "act" an [M, N] activation, "column" N
+    constants, "single" one): multipliers near 2**c so that sums reach past the output's clip."""
+    rows, n = c["a"].shape[0], c["b"].shape[1]
+    info = np.iinfo(rdt)
+    shape = {"act": (rows, n), "column": (n,), "single": ()}[form]
+    r = rng.integers(max(info.min, -(1 << 20)), min(info.max, 1 << 20) + 1, shape).astype(rdt)
+    shift = int(rng.integers(40, 56) if wide else rng.integers(12, 31))  # wide: the converter's multipliers
+    mv = int(rng.integers(1 << shift, 1 << (shift + 1))) * int(rng.choice([-1, 1]))
+    rbits = np.iinfo(rdt).bits
+    mr = int(rng.integers(1, max(2, (1 << max(shift + 9 - rbits, 1))))) * int(rng.choice([-1, 1]))
+    o = np.iinfo(out)
+    zy = out(rng.integers(max(o.min, -50), min(o.max, 50) + 1))
+    vz = np.asarray(c["zy"]).dtype.type(rng.integers(-5, 6) if np.asarray(c["zy"]).dtype.kind == "i" else 3)
+    return dict(r=r, zr=rdt(rng.integers(max(info.min, -9), 10)), zv=vz, mv=mv, mr=mr, shift=shift, zy=zy,
+                qmin=int(o.min) + (1 if out == np.int8 else 0), qmax=int(o.max), v_first=v_first)
+
+
+def want(c: dict, res: dict, table=None) -> np.ndarray:
+    """The QGemm reference, then the IAdd reference with v on its side."""
+    v = reference(**c, table=table)
+    r = res["r"]
+    v_side = (v, res["zv"], np.int64(res["mv"]))
+    r_side = (r, res["zr"], np.int64(res["mr"]))
+    (a, za, ma), (b, zb, mb) = (v_side, r_side) if res["v_first"] else (r_side, v_side)
+    return iadd(a, b, za, zb, ma, mb, np.int64(res["shift"]), res["zy"], qmin=res["qmin"], qmax=res["qmax"])
+
+
+def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1) -> np.ndarray:
+    """The fused GEMM through the C entry points, on ``isa``."""
+    lib = _add_lib()
+    k, n = c["b"].shape
+    arr = {key: np.ascontiguousarray(np.asarray(c[key]).reshape(-1).astype(np.int64))
+           for key in ("zb", "zx", "mult", "shift")}
+    tab = None if table is None else np.ascontiguousarray(table.astype(np.int32))
+    mid = np.asarray(c["zy"]).dtype if table is None else table.dtype
+    r = np.ascontiguousarray(res["r"])
+    act = r.ndim == 2
+    consts = np.ascontiguousarray(r.reshape(-1).astype(np.int64))
+    add = Add(r_code=CODES[r.dtype] if act else -1, r_const=None if act else consts.ctypes.data,
+              r_size=consts.size, zv=int(res["zv"]), mv=res["mv"], zr=int(res["zr"]), mr=res["mr"],
+              shift=res["shift"], zy=int(res["zy"]), qmin=res["qmin"], qmax=res["qmax"],
+              out_code=CODES[np.asarray(res["zy"]).dtype])
+    # the IAdd is symmetric apart from which parameters go with which side: v takes the ones of its side
+    err = ctypes.c_char_p()
+    b = np.ascontiguousarray(c["b"])
+    g = lib.ivit_qgemm_create_add(
+        ISAS[isa], CODES[c["a"].dtype], k, n, b.ctypes.data, arr["zb"].ctypes.data, arr["zb"].size,
+        int(c["za"]), arr["zx"].ctypes.data, arr["mult"].ctypes.data, arr["shift"].ctypes.data,
+        arr["zx"].size, int(c["zy"]), c["qmin"], c["qmax"], None if tab is None else tab.ctypes.data,
+        CODES[np.dtype(mid)], ctypes.byref(add), ctypes.byref(err))
+    assert g, err.value
+    try:
+        a = np.ascontiguousarray(c["a"])
+        y = np.zeros((a.shape[0], n), np.asarray(res["zy"]).dtype)
+        rc = lib.ivit_qgemm_run_add(g, a.ctypes.data, a.shape[0], r.ctypes.data if act else None,
+                                    r.shape[0] if act else 0, y.ctypes.data, threads)
+        assert rc == 0
+        return y
+    finally:
+        lib.ivit_qgemm_destroy(g)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("adt", [np.int8, np.uint8])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_residual_paths_bit_exact(isa, adt, per_column):
+    need(isa)
+    rng = np.random.default_rng([ISAS[isa], int(per_column), np.dtype(adt).num, 30])
+    saturated = 0
+    for k, n, rows in ((7, 17, 5), (64, 53, 50), (257, 100, 13)):
+        for rdt in RESIDUALS:
+            for form in ("act", "column", "single"):
+                for v_first in (True, False):
+                    c = case(rng, adt, k, n, rows, per_column)
+                    res = residual(rng, c, rdt, form, v_first, out=(np.int8, np.uint8)[int(v_first)],
+                                   wide=bool(rng.random() < 0.5))
+                    got = run_c(isa, c, res, threads=1 + 2 * int(form == "act"))
+                    expect = want(c, res)
+                    msg = f"{isa} {rdt.__name__} {form} {v_first}"
+                    np.testing.assert_array_equal(got, expect, err_msg=msg, strict=True)
+                    saturated += int((expect == res["qmin"]).any() or (expect == res["qmax"]).any())
+    assert saturated > 36, saturated  # of 72 cases, a clip reached
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_residual_table_wide_and_output_types(isa):
+    """Through tables (int8: vpermi2b where the CPU has VBMI; int16), multipliers past int32 and v outside
+    its type's range (the scalar epilogue), int16 and int32 sums."""
+    need(isa)
+    rng = np.random.default_rng(ISAS[isa] + 77)
+    for tdt, adt in ((np.int8, np.uint8), (np.uint8, np.int8), (np.int16, np.uint8)):
+        c = case(rng, adt, 64, 51, 29, tdt == np.uint8)
+        info = np.iinfo(tdt)
+        table = rng.integers(info.min, info.max + 1, c["qmax"] - c["qmin"] + 1).astype(tdt)
+        for form in ("act", "column"):
+            res = residual(rng, c, np.int8, form, form == "act", out=np.int16)
+            res["zv"] = tdt(res["zv"] if tdt != np.uint8 else 3)
+            np.testing.assert_array_equal(run_c(isa, c, res, table=table), want(c, res, table=table))
+    for out in (np.int16, np.int32):
+        c = case(rng, np.uint8, 37, 21, 9, True, out=np.int16)
+        res = residual(rng, c, np.uint8, "act", False, out=out, wide=True)
+        np.testing.assert_array_equal(run_c(isa, c, res), want(c, res))
+        res["mv"], res["shift"] = (1 << 62) + 3, 62  # past the vector stage's 2**62: the scalar epilogue
+        np.testing.assert_array_equal(run_c(isa, c, res), want(c, res))
+    c = case(rng, np.int8, 37, 21, 9, True)  # int8 v with qmin, qmax past int8: the cast wraps, as QGemm's
+    c["qmin"], c["qmax"] = -300, 300
+    c["zy"] = np.int8(0)
+    res = residual(rng, c, np.int8, "act", True)
+    got = run_c(isa, c, res)
+    v = reference(**{**c, "zy": np.int32(0)}).astype(np.int8)
+    ref = iadd(v, res["r"], res["zv"], res["zr"], np.int64(res["mv"]), np.int64(res["mr"]),
+               np.int64(res["shift"]), res["zy"], qmin=res["qmin"], qmax=res["qmax"])
+    np.testing.assert_array_equal(got, ref)
+
+
+def qgemm_add_model(c: dict, res: dict, r_shape, table=None) -> tuple[onnx.ModelProto, dict]:
+    """A one-node QGemmAdd (QGemmTableAdd) model, A (and an activation r) inputs, batched A."""
+    k, n = c["b"].shape
+    inits = [numpy_helper.from_array(np.asarray(c[key]), key)
+             for key in ("za", "b", "zb", "zx", "mult", "shift", "zy")]
+    names = ["a", "za", "b", "zb", "zx", "mult", "shift", "zy"]
+    if table is not None:
+        inits.append(numpy_helper.from_array(table, "table"))
+        names.append("table")
+    act = r_shape is not None
+    r = res["r"].reshape(r_shape) if act else res["r"]
+    if not act:
+        inits.append(numpy_helper.from_array(np.asarray(r), "r"))
+    for key, val in (("zv", res["zv"]), ("zr", res["zr"]), ("mv", np.int64(res["mv"])),
+                     ("mr", np.int64(res["mr"])), ("c2", np.int64(res["shift"])), ("zs", res["zy"])):
+        inits.append(numpy_helper.from_array(np.asarray(val), key))
+    names += ["r", "zv", "zr", "mv", "mr", "c2", "zs"]
+    a = c["a"].reshape(2, -1, k)
+    op = "QGemmTableAdd" if table is not None else "QGemmAdd"
+    node = helper.make_node(op, names, ["y"], domain=DOMAIN, name="gemm", qmin=c["qmin"], qmax=c["qmax"],
+                            add_qmin=res["qmin"], add_qmax=res["qmax"])
+    elem = helper.np_dtype_to_tensor_dtype
+    inputs = [helper.make_tensor_value_info("a", elem(a.dtype), a.shape)]
+    feeds = {"a": a}
+    if act:
+        inputs.append(helper.make_tensor_value_info("r", elem(r.dtype), r.shape))
+        feeds["r"] = r
+    outputs = [helper.make_tensor_value_info("y", elem(np.asarray(res["zy"]).dtype), None)]
+    graph = helper.make_graph([node], "qgemm_add", inputs, outputs, inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10), feeds
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_onnxruntime_op(isa, monkeypatch):
+    """QGemmAdd and QGemmTableAdd through onnxruntime, with IVIT_GEMM_ISA forcing the path: a full residual,
+    one repeating along the batch ([1, rows, N] against [2, rows, N]) and a constant one; 1 and 2 threads."""
+    need(isa)
+    monkeypatch.setenv("IVIT_GEMM_ISA", isa)
+    rng = np.random.default_rng(ISAS[isa] + 5)
+    c = case(rng, np.uint8, 257, 37, 2 * 11, True)
+    res = residual(rng, c, np.int8, "act", False)
+    expect = want(c, res).reshape(2, 11, 37)
+    model, feeds = qgemm_add_model(c, res, (2, 11, 37))
+    for threads in (1, 2):
+        np.testing.assert_array_equal(ort_run(model, feeds, threads), expect)
+    half = {**res, "r": np.concatenate([res["r"][:11]] * 2)}
+    model, feeds = qgemm_add_model(c, {**half, "r": half["r"][:11]}, (1, 11, 37))
+    np.testing.assert_array_equal(ort_run(model, feeds), want(c, half).reshape(2, 11, 37))
+    table = rng.integers(-128, 128, c["qmax"] - c["qmin"] + 1).astype(np.int8)
+    res = residual(rng, c, np.int16, "column", True)
+    model, feeds = qgemm_add_model(c, res, None, table=table)
+    np.testing.assert_array_equal(ort_run(model, feeds), want(c, res, table=table).reshape(2, 11, 37))
+
+
+def test_refusals():
+    """A residual whose shape does not end the output's, or non-scalar IAdd parameters, name the node."""
+    rng = np.random.default_rng(9)
+    c = case(rng, np.uint8, 7, 5, 6, False)
+    res = residual(rng, c, np.int8, "act", True)
+    model, feeds = qgemm_add_model(c, res, (2, 3, 5))
+    model.graph.input[1].type.tensor_type.ClearField("shape")
+    with pytest.raises(Exception, match="QGemmAdd node 'gemm': the residual's shape must end the output's"):
+        ort_run(model, {**feeds, "r": res["r"].reshape(6, 1, 5)})
+    mv = next(t for t in model.graph.initializer if t.name == "mv")
+    mv.CopyFrom(numpy_helper.from_array(np.array([3, 4], np.int64), "mv"))
+    with pytest.raises(Exception, match="QGemmAdd node 'gemm' refused: v_multiplier must be a single value"):
+        ort_run(model, feeds)
+
+
+def test_on_an_emulated_haswell():
+    """On an emulated Haswell (AVX2, no AVX-512): the self-check probes the stage on the AVX2 path and accepts
+    it, and the AVX2 path is bit-exact (its code on a CPU that has no AVX-512 to fall back on)."""
+    if platform.machine() != "x86_64":  # (tests/arm/run.sh's guest, which has no tests/qemu.py)
+        pytest.skip("emulating Haswell needs an x86-64 host")
+    from tests.qemu import QEMU_X86, haswell
+
+    if QEMU_X86 is None:
+        pytest.skip("needs qemu-x86_64 (apt-get install qemu-user), an x86-64 host")
+    code = ("import numpy as np\n"
+            "from tests.opset.test_qgemm import options\n"
+            "from tests.opset import test_qgemm_add as t\n"
+            "out = options().get_session_config_entry('ivit.qgemm_check')\n"
+            "assert 'avx2 exact' in out and 'vnni' not in out, out\n"
+            "t.test_residual_paths_bit_exact('avx2', np.uint8, True)\n"
+            "t.test_residual_table_wide_and_output_types('avx2')\n"
+            "print('PASS', out)\n")
+    done = haswell(code, timeout=600, cwd=str(ROOT))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.startswith("PASS avx2 exact"), done.stdout
