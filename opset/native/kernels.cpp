@@ -835,7 +835,8 @@ IVIT_AVX2 inline __m256i mul64(__m256i e, __m256i fl, __m256i fh) {
 // logical one on the flipped product (zs = shifted_zy(zy, sh)), the cast a truncation (store16)
 template <bool HI, class TO>
 IVIT_AVX2 i64 softmax_out_avx2(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, i64 sh, i64 zs) {
-  const __m256i fl = _mm256_set1_epi64x(f & 0xFFFFFFFF), fh = _mm256_set1_epi64x(static_cast<i64>(static_cast<u64>(f) >> 32));
+  const __m256i fl = _mm256_set1_epi64x(f & 0xFFFFFFFF);
+  const __m256i fh = _mm256_set1_epi64x(static_cast<i64>(static_cast<u64>(f) >> 32));
   const __m256i flip = _mm256_set1_epi64x(INT64_MIN), vz = _mm256_set1_epi64x(zs);
   const __m128i vsh = _mm_cvtsi64_si128(sh);
   i64 j = 0;
@@ -953,7 +954,8 @@ i64 index_max_neon(const TI* __restrict x, int32_t* __restrict k, i64 len, i64 b
 // products (as mul64), the floor shift SSHL by -sh
 template <class TO>
 i64 softmax_out_neon(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, i64 sh, i64 zy) {
-  const uint32x2_t fl = vdup_n_u32(static_cast<uint32_t>(f)), fh = vdup_n_u32(static_cast<uint32_t>(static_cast<u64>(f) >> 32));
+  const uint32x2_t fl = vdup_n_u32(static_cast<uint32_t>(f));
+  const uint32x2_t fh = vdup_n_u32(static_cast<uint32_t>(static_cast<u64>(f) >> 32));
   const int64x2_t ns = vdupq_n_s64(-sh), vz = vdupq_n_s64(zy);
   i64 j = 0;
   for (; j + 8 <= len; j += 8) {
