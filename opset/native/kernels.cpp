@@ -616,6 +616,381 @@ void shiftmax_rows(i64 rows, i64 len, i64 span, i64 x0, i64 n, i64 bits, i64 zy,
   });
 }
 
+// ---- Row kernels' fast paths (ILayerNorm, IL2Norm, RequantizeShiftmax): the same bits as the generic loops
+// above (centre + layernorm_out; rescale_span + min_max + softmax_out), fewer passes and explicit vector loops.
+//
+// Everywhere (portable C++, vectorized by the compiler per target clone): a squared norm's sum comes from one
+// pass of sums, sum((x*s - m)**2) = s*s*Sxx - 2*s*m*Sx + len*m*m, a polynomial identity that holds in int64's
+// wrap-around arithmetic (Z/2**64) as well, so it equals centre's value for every input; the output reads x
+// again instead of a stored d. RequantizeShiftmax's rescale to table indices keeps the row's max in the same
+// pass.
+// x86-64 with AVX2 but without AVX-512F (as avx2_path: the v4 clones of the portable loops, with vpmullq and
+// vpsraq, are as fast as explicit AVX-512 loops there, measured on Zen 4; its gathers are slower than scalar
+// loads) and aarch64 (NEON): explicit loops, under preconditions that keep every lane exact (each proof at its
+// loop); elsewhere, and in the tails, the portable loops. Switches, read once: IVIT_GENERIC_ROWS=1 runs the
+// generic loops instead, IVIT_NO_AVX2=1 the portable ones on x86, IVIT_ROWS_AVX2=1 the AVX2 loops on AVX-512
+// CPUs too (the tests compare the bytes of each).
+#if defined(__aarch64__) && defined(__ARM_NEON) && !defined(IVIT_NO_CLONES)
+#define IVIT_NEON_PATH 1
+#include <arm_neon.h>
+#else
+#define IVIT_NEON_PATH 0
+#endif
+
+inline bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+// Whether the row kernels' fast paths run at all (cached)
+inline bool rows_fast() {
+  static const bool on = !env_on("IVIT_GENERIC_ROWS");
+  return on;
+}
+
+// Whether their explicit vector loops run (cached): rows_fast(), and on x86-64 a CPU with AVX2 and without
+// AVX-512F (or IVIT_ROWS_AVX2 set), unless IVIT_NO_AVX2 is set; every aarch64 CPU (NEON).
+inline bool rows_vector() {
+#if IVIT_AVX2_PATH
+  static const bool on = [] {
+    __builtin_cpu_init();
+    return rows_fast() && __builtin_cpu_supports("avx2") && !env_on("IVIT_NO_AVX2") &&
+           (!__builtin_cpu_supports("avx512f") || env_on("IVIT_ROWS_AVX2"));
+  }();
+  return on;
+#elif IVIT_NEON_PATH
+  return rows_fast();
+#else
+  return false;
+#endif
+}
+
+// Sx = sum(x), Sxx = sum(x*x) over a row, exact (int64's wrap-around for 32-bit inputs: a ring, as above). 8-bit
+// inputs with len <= 2**15 add in int32 lanes: |x| <= 255, x*x < 2**16, so |Sx| < 2**23 and Sxx < 2**31.
+template <class TI>
+IVIT_CLONES void row_sums(const TI* __restrict x, i64 len, i64& sx, i64& sxx) {
+  if (sizeof(TI) == 1 && len <= (i64(1) << 15)) {
+    int32_t s = 0, q = 0;
+    for (i64 j = 0; j < len; ++j) {
+      const int32_t v = x[j];
+      s += v;
+      q += v * v;
+    }
+    sx = s;
+    sxx = q;
+    return;
+  }
+  i64 s = 0, q = 0;
+  for (i64 j = 0; j < len; ++j) {
+    const i64 v = x[j];
+    s += v;
+    q += v * v;
+  }
+  sx = s;
+  sxx = q;
+}
+
+// centre's sum of d*d, d = x * s - m, from the row's sums: the identity above, in unsigned (wrap-around) int64
+inline i64 sum_squares(i64 sx, i64 sxx, i64 len, i64 s, i64 m) {
+  const u64 us = static_cast<u64>(s), um = static_cast<u64>(m);
+  return static_cast<i64>(us * us * static_cast<u64>(sxx) - 2 * us * um * static_cast<u64>(sx) +
+                          static_cast<u64>(len) * um * um);
+}
+
+// layernorm_out with d = x * 2**shift_in - mean computed again from x (the same int64: x * shl(1, s) wraps as
+// x << s for 0 <= s <= 63), hb = h + bias (the rescale's sum in another order: the same in a ring); UNIFORM: b[0]
+// and c[0] for every element
+template <bool UNIFORM, class TI, class TO>
+IVIT_CLONES void layernorm_out_x(const TI* __restrict x, TO* __restrict y, i64 len, i64 shift_in, i64 mean, i64 f,
+                                 i64 ush, const i64* __restrict b, const i64* __restrict hb,
+                                 const i64* __restrict c, Rescale rs) {
+  const i64 b0 = b[0], c0 = c[0];
+  for (i64 j = 0; j < len; ++j) {
+    const i64 d = static_cast<i64>(static_cast<u64>(static_cast<i64>(x[j])) << shift_in) - mean;
+    const i64 u = (d * f) >> ush;
+    y[j] = static_cast<TO>(UNIFORM ? rs(u * b0, hb[j], c0) : rs(u * b[j], hb[j], c[j]));
+  }
+}
+
+// ILayerNorm's output loop on the vector paths, for 8-bit x and parameters with
+//   0 <= shift_in <= 22, len * (255 * 2**shift_in)**2 < 2**61 (in double: a margin), 31 <= ush = 61 - p <= 63,
+//   every b[j] an int32, every c[j] in 0..62.
+// Proof that the lanes are exact: m = floor(Sx * s / len) lies between min(x) * s and max(x) * s, so
+// |d| <= 255 * s < 2**31 (d fits an int32 lane) and every d*d, their sum v < 2**62 (v is the true sum, no wrap,
+// and d*d <= v). So |d| <= isqrt(v) = root < 2**31, and with f = floor(2**61 / root) (1 <= f <= 2**61):
+// |d * f| <= root * f <= 2**61, computed exactly as two 32 x 32-bit products (Mul, WIDE); u = floor(d*f / 2**ush)
+// is in [-2**p, 2**p], 2**p <= 2**30: an int32, so u * b[j] is one exact 32 x 32-bit product. The floor shifts are
+// logical ones on sign-flipped values (flip_h, shifted_zy). hb[j] = h[j] + bias[j] (the rescale's sum in
+// wrap-around order does not matter: a ring), z[j] = shifted_zy(zy, c[j]).
+struct LnVector {
+  bool on = false;
+  std::vector<i64> hb, hf, z, negc;
+  LnVector(int ti, i64 len, i64 shift_in, i64 p, const std::vector<i64>& b, const std::vector<i64>& c,
+           const std::vector<i64>& half, const std::vector<i64>& bias, i64 zy) {
+    if (!rows_vector() || (ti != I8 && ti != U8) || shift_in < 0 || shift_in > 22 || p > 30 || p < -2) return;
+    const i64 dmax = i64(255) << shift_in;  // < 2**30
+    if (static_cast<double>(len) * static_cast<double>(dmax) * static_cast<double>(dmax) >= 0x1p61) return;
+    for (i64 j = 0; j < len; ++j)
+      if (!fits_i32(b[j]) || c[j] < 0 || c[j] > 62) return;
+    hb.resize(len);
+    hf.resize(len);
+    z.resize(len);
+    negc.resize(len);
+    for (i64 j = 0; j < len; ++j) {
+      hb[j] = half[j] + bias[j];
+      hf[j] = flip_h(hb[j]);
+      z[j] = shifted_zy(zy, c[j]);
+      negc[j] = -c[j];
+    }
+    on = true;
+  }
+};
+
+// y = clip(rs(x * b + h)) into table indices with the row's largest: the rescale_span + min_max of
+// RequantizeShiftmax in one pass (portable)
+template <class TI>
+IVIT_CLONES i64 index_max(const TI* __restrict x, int32_t* __restrict k, i64 len, i64 b, i64 h, i64 c, Rescale rs,
+                          i64 km) {
+  for (i64 j = 0; j < len; ++j) {
+    const i64 v = rs(static_cast<i64>(x[j]) * b, h, c);
+    k[j] = static_cast<int32_t>(v);
+    km = std::max(km, v);
+  }
+  return km;
+}
+
+// Its vector path: the rescale of a RequantizeShiftmax with an int32 multiplier b and 0 <= c <= 62 into indices
+// 0..nq-1, nq <= 1024 (hf = flip_h(h), zs = shifted_zy(index zy, c)): x (at most 32 bits) * b is one exact
+// 32 x 32-bit product, the floor shift a logical one on the flipped sum, as in rescale_avx2.
+struct IndexVector {
+  bool on = false;
+  i64 hf = 0, zs = 0;
+  IndexVector(i64 b, i64 h, i64 c, i64 zy) {
+    if (!rows_vector() || !fits_i32(b) || c < 0 || c > 62) return;
+    hf = flip_h(h);
+    zs = shifted_zy(zy, c);
+    on = true;
+  }
+};
+
+#if IVIT_AVX2_PATH
+// layernorm_out_x under LnVector's preconditions (its proof), 16 at a time; returns how many it did
+template <class TI, class TO>
+IVIT_AVX2 i64 layernorm_out_avx2(const TI* __restrict x, TO* __restrict y, i64 len, i64 shift_in, i64 mean, i64 f,
+                                 i64 ush, const i64* b, const i64* c, const LnVector& v, i64 lo, i64 hi) {
+  const __m256i vmean = _mm256_set1_epi64x(mean), flip = _mm256_set1_epi64x(INT64_MIN);
+  const __m256i back = _mm256_set1_epi64x(shifted_zy(0, ush));  // (t ^ 2**63) >>> ush, + this: t >> ush
+  const __m128i vs = _mm_cvtsi64_si128(shift_in), vu = _mm_cvtsi64_si128(ush);
+  const Mul vf = mul_of<true>(f);
+  const PerElement p{b, v.hf.data(), c, v.z.data()};
+  const __m256i vlo = _mm256_set1_epi64x(lo), vhi = _mm256_set1_epi64x(hi);
+  i64 j = 0;
+  for (; j + 16 <= len; j += 16) {
+    __m256i r[4];
+    for (int k = 0; k < 4; ++k) {
+      const i64 i = j + 4 * k;
+      const __m256i d = _mm256_sub_epi64(_mm256_sll_epi64(widen4(x + i), vs), vmean);
+      const __m256i t = mul4<true>(d, vf);
+      const __m256i u = _mm256_add_epi64(_mm256_srl_epi64(_mm256_xor_si256(t, flip), vu), back);
+      r[k] = clip4(rescale4(u, p, i), vlo, vhi);
+    }
+    store16(y + j, low32(r[0], r[1]), low32(r[2], r[3]));
+  }
+  return j;
+}
+
+// index_max under IndexVector's preconditions, 16 at a time: the indices, and the largest into km
+template <class TI>
+IVIT_AVX2 i64 index_max_avx2(const TI* __restrict x, int32_t* __restrict k, i64 len, i64 b, i64 c,
+                             const IndexVector& v, i64 hi, i64& km) {
+  const Uniform p{_mm256_set1_epi64x(b), _mm256_set1_epi64x(v.hf), _mm256_set1_epi64x(v.zs), _mm_cvtsi64_si128(c)};
+  const __m256i vlo = _mm256_setzero_si256(), vhi = _mm256_set1_epi64x(hi);
+  __m256i mx = _mm256_set1_epi32(static_cast<int32_t>(km));
+  i64 j = 0;
+  for (; j + 16 <= len; j += 16) {
+    __m256i r[4];
+    for (int q = 0; q < 4; ++q) r[q] = clip4(rescale4(widen4(x + j + 4 * q), p, 0), vlo, vhi);
+    const __m256i w01 = low32(r[0], r[1]), w23 = low32(r[2], r[3]);
+    mx = _mm256_max_epi32(mx, _mm256_max_epi32(w01, w23));
+    store16(k + j, w01, w23);
+  }
+  __m128i m = _mm_max_epi32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
+  m = _mm_max_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+  m = _mm_max_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+  km = _mm_cvtsi128_si32(m);
+  return j;
+}
+
+// e * f mod 2**64 of int64 lanes e, f given by its unsigned 32-bit halves fl, fh (HI: fh may be non-zero):
+// e = eh * 2**32 + el, so e * f = el * fl + ((eh * fl + el * fh) << 32) mod 2**64, each product 32 x 32 -> 64-bit
+// unsigned, exact
+template <bool HI>
+IVIT_AVX2 inline __m256i mul64(__m256i e, __m256i fl, __m256i fh) {
+  __m256i cross = _mm256_mul_epu32(_mm256_srli_epi64(e, 32), fl);
+  if constexpr (HI) cross = _mm256_add_epi64(cross, _mm256_mul_epu32(e, fh));
+  return _mm256_add_epi64(_mm256_mul_epu32(e, fl), _mm256_slli_epi64(cross, 32));
+}
+
+// softmax_out, 16 at a time, for any e, f and 0 <= sh <= 63: the product mod 2**64 as mul64, the floor shift a
+// logical one on the flipped product (zs = shifted_zy(zy, sh)), the cast a truncation (store16)
+template <bool HI, class TO>
+IVIT_AVX2 i64 softmax_out_avx2(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, i64 sh, i64 zs) {
+  const __m256i fl = _mm256_set1_epi64x(f & 0xFFFFFFFF);
+  const __m256i fh = _mm256_set1_epi64x(static_cast<i64>(static_cast<u64>(f) >> 32));
+  const __m256i flip = _mm256_set1_epi64x(INT64_MIN), vz = _mm256_set1_epi64x(zs);
+  const __m128i vsh = _mm_cvtsi64_si128(sh);
+  i64 j = 0;
+  for (; j + 16 <= len; j += 16) {
+    __m256i r[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256i t = mul64<HI>(load4(e + j + 4 * k), fl, fh);
+      r[k] = _mm256_add_epi64(_mm256_srl_epi64(_mm256_xor_si256(t, flip), vsh), vz);
+    }
+    store16(y + j, low32(r[0], r[1]), low32(r[2], r[3]));
+  }
+  return j;
+}
+#endif
+
+#if IVIT_NEON_PATH
+// clip(v, lo, hi) as Rescale's: lo where v < lo, else hi where v > hi
+inline int64x2_t clip2(int64x2_t v, int64x2_t lo, int64x2_t hi) {
+  const uint64x2_t below = vcgtq_s64(lo, v), above = vcgtq_s64(v, hi);
+  return vbslq_s64(below, lo, vbslq_s64(above, hi, v));
+}
+
+// 8 elements of an int8..int32 array as int32 lanes
+template <class T>
+inline void widen8(const T* p, int32x4_t& a, int32x4_t& b) {
+  if constexpr (sizeof(T) == 4) {
+    a = vld1q_s32(reinterpret_cast<const int32_t*>(p));
+    b = vld1q_s32(reinterpret_cast<const int32_t*>(p) + 4);
+  } else {
+    int16x8_t w;
+    if constexpr (sizeof(T) == 2)
+      w = vld1q_s16(reinterpret_cast<const int16_t*>(p));
+    else if constexpr (std::is_signed_v<T>)
+      w = vmovl_s8(vld1_s8(reinterpret_cast<const int8_t*>(p)));
+    else
+      w = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(reinterpret_cast<const uint8_t*>(p))));
+    a = vmovl_s16(vget_low_s16(w));
+    b = vmovl_s16(vget_high_s16(w));
+  }
+}
+
+// y[0..8) = static_cast<TO>(v), v in four int64x2 in order: truncating narrows, as the scalar cast
+template <class TO>
+inline void store8(TO* y, const int64x2_t v[4]) {
+  const int32x4_t lo = vcombine_s32(vmovn_s64(v[0]), vmovn_s64(v[1]));
+  const int32x4_t hi = vcombine_s32(vmovn_s64(v[2]), vmovn_s64(v[3]));
+  if constexpr (sizeof(TO) == 4) {
+    vst1q_s32(reinterpret_cast<int32_t*>(y), lo);
+    vst1q_s32(reinterpret_cast<int32_t*>(y) + 4, hi);
+  } else {
+    const int16x8_t w = vcombine_s16(vmovn_s32(lo), vmovn_s32(hi));
+    if constexpr (sizeof(TO) == 2)
+      vst1q_s16(reinterpret_cast<int16_t*>(y), w);
+    else
+      vst1_s8(reinterpret_cast<int8_t*>(y), vmovn_s16(w));
+  }
+}
+
+// layernorm_out_x under LnVector's preconditions (its proof), 8 at a time: d in int32 lanes (|x * s| < 2**30 and
+// |mean| < 2**30, so x * s - mean does not wrap there), d * f as d * fl + (d * fh) << 31 (Mul's split), the floor
+// shifts SSHL by negative counts (arithmetic)
+template <class TI, class TO>
+i64 layernorm_out_neon(const TI* __restrict x, TO* __restrict y, i64 len, i64 shift_in, i64 mean, i64 f, i64 ush,
+                       const i64* b, const LnVector& v, i64 zy, i64 lo, i64 hi) {
+  const int32x4_t vs = vdupq_n_s32(static_cast<int32_t>(shift_in)), vmean = vdupq_n_s32(static_cast<int32_t>(mean));
+  const int32x2_t fl = vdup_n_s32(static_cast<int32_t>(f & INT32_MAX)), fh = vdup_n_s32(static_cast<int32_t>(f >> 31));
+  const int64x2_t nu = vdupq_n_s64(-ush), vz = vdupq_n_s64(zy), vlo = vdupq_n_s64(lo), vhi = vdupq_n_s64(hi);
+  i64 j = 0;
+  for (; j + 8 <= len; j += 8) {
+    int32x4_t xa, xb;
+    widen8(x + j, xa, xb);
+    const int32x4_t d4[2] = {vsubq_s32(vshlq_s32(xa, vs), vmean), vsubq_s32(vshlq_s32(xb, vs), vmean)};
+    int64x2_t r[4];
+    for (int k = 0; k < 4; ++k) {
+      const i64 i = j + 2 * k;
+      const int32x2_t d = (k & 1) ? vget_high_s32(d4[k >> 1]) : vget_low_s32(d4[k >> 1]);
+      const int64x2_t t = vaddq_s64(vmull_s32(d, fl), vshlq_n_s64(vmull_s32(d, fh), 31));
+      const int32x2_t u = vmovn_s64(vshlq_s64(t, nu));
+      const int64x2_t w = vaddq_s64(vmull_s32(u, vmovn_s64(vld1q_s64(b + i))), vld1q_s64(v.hb.data() + i));
+      r[k] = clip2(vaddq_s64(vshlq_s64(w, vld1q_s64(v.negc.data() + i)), vz), vlo, vhi);
+    }
+    store8(y + j, r);
+  }
+  return j;
+}
+
+// index_max under IndexVector's preconditions, 8 at a time (h, zy as index_max takes them)
+template <class TI>
+i64 index_max_neon(const TI* __restrict x, int32_t* __restrict k, i64 len, i64 b, i64 h, i64 c, i64 zy, i64 hi,
+                   i64& km) {
+  const int32x2_t vb = vdup_n_s32(static_cast<int32_t>(b));
+  const int64x2_t vh = vdupq_n_s64(h), nc = vdupq_n_s64(-c), vz = vdupq_n_s64(zy);
+  const int64x2_t vlo = vdupq_n_s64(0), vhi = vdupq_n_s64(hi);
+  int32x4_t mx = vdupq_n_s32(static_cast<int32_t>(km));
+  i64 j = 0;
+  for (; j + 8 <= len; j += 8) {
+    int32x4_t x4[2];
+    widen8(x + j, x4[0], x4[1]);
+    int64x2_t r[4];
+    for (int q = 0; q < 4; ++q) {
+      const int32x2_t xv = (q & 1) ? vget_high_s32(x4[q >> 1]) : vget_low_s32(x4[q >> 1]);
+      r[q] = clip2(vaddq_s64(vshlq_s64(vaddq_s64(vmull_s32(xv, vb), vh), nc), vz), vlo, vhi);
+    }
+    const int32x4_t ka = vcombine_s32(vmovn_s64(r[0]), vmovn_s64(r[1]));
+    const int32x4_t kb = vcombine_s32(vmovn_s64(r[2]), vmovn_s64(r[3]));
+    vst1q_s32(k + j, ka);
+    vst1q_s32(k + j + 4, kb);
+    mx = vmaxq_s32(mx, vmaxq_s32(ka, kb));
+  }
+  km = vmaxvq_s32(mx);
+  return j;
+}
+
+// softmax_out, 8 at a time, for any e, f and 0 <= sh <= 63: e * f mod 2**64 from 32 x 32 -> 64-bit unsigned
+// products (as mul64), the floor shift SSHL by -sh
+template <class TO>
+i64 softmax_out_neon(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, i64 sh, i64 zy) {
+  const uint32x2_t fl = vdup_n_u32(static_cast<uint32_t>(f));
+  const uint32x2_t fh = vdup_n_u32(static_cast<uint32_t>(static_cast<u64>(f) >> 32));
+  const int64x2_t ns = vdupq_n_s64(-sh), vz = vdupq_n_s64(zy);
+  i64 j = 0;
+  for (; j + 8 <= len; j += 8) {
+    int64x2_t r[4];
+    for (int k = 0; k < 4; ++k) {
+      const uint64x2_t ev = vreinterpretq_u64_s64(vld1q_s64(e + j + 2 * k));
+      const uint32x2_t el = vmovn_u64(ev), eh = vshrn_n_u64(ev, 32);
+      const uint64x2_t cross = vaddq_u64(vmull_u32(eh, fl), vmull_u32(el, fh));
+      const uint64x2_t t = vaddq_u64(vmull_u32(el, fl), vshlq_n_u64(cross, 32));
+      r[k] = vaddq_s64(vshlq_s64(vreinterpretq_s64_u64(t), ns), vz);
+    }
+    store8(y + j, r);
+  }
+  return j;
+}
+#endif
+
+// softmax_out of one row, through the explicit vector loop where `vector` (rows_vector() and the caller's
+// preconditions) and the shift allow
+template <class TO>
+void softmax_row_out(const i64* e, TO* yr, i64 len, i64 f, i64 sh, i64 y_zp, [[maybe_unused]] bool vector) {
+  i64 done = 0;
+  if (vector && sh >= 0 && sh <= 63) {
+#if IVIT_AVX2_PATH
+    done = static_cast<u64>(f) >> 32 ? softmax_out_avx2<true>(e, yr, len, f, sh, shifted_zy(y_zp, sh))
+                                      : softmax_out_avx2<false>(e, yr, len, f, sh, shifted_zy(y_zp, sh));
+#elif IVIT_NEON_PATH
+    done = softmax_out_neon(e, yr, len, f, sh, y_zp);
+#endif
+  }
+  if (done < len) softmax_out(e + done, yr + done, len - done, f, sh, y_zp);
+}
+
+struct RowMean;
+
 // A LayerNorm over rows of `len` (b, c, bias per channel of the last axis, or one value when nc == 1): d centred
 // on mean(row, sum(row), scale), u = floor(d * floor(2**61 / root(max(sum(norm(d)), 1))) / 2**(61 - p)), then
 // the per-channel rescale (bias null: 0). IL2Norm is one with the zero point for the mean and no bias.
@@ -636,6 +1011,47 @@ int layernorm_rows(const void* x, int ti, i64 rows, i64 len, const i64* b, const
     using TI = decltype(ti_);
     using TO = decltype(to_);
     const i64 scale = shl(1, shift_in), ush = 61 - p;
+    if (std::is_same_v<Norm, Square> && rows_fast() && shift_in >= 0 && shift_in <= 63 && ush >= 0 && ush <= 63) {
+      // the fast paths (their section above)
+      const LnVector vec(ti, len, shift_in, p, bb, cc, half, biases, zy);
+      std::vector<i64> hb(len);
+      for (i64 j = 0; j < len; ++j) hb[j] = half[j] + biases[j];
+      const bool uniform = std::all_of(bb.begin(), bb.end(), [&](i64 v) { return v == bb[0]; }) &&
+                           std::all_of(cc.begin(), cc.end(), [&](i64 v) { return v == cc[0]; });
+      parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 lo, i64 hi) {
+        for (i64 r = lo; r < hi; ++r) {
+          const TI* xr = as<TI>(x) + r * len;
+          TO* yr = static_cast<TO*>(y) + r * len;
+          i64 sx, sxx;
+          row_sums(xr, len, sx, sxx);
+          i64 m;
+          if constexpr (std::is_same_v<Mean, RowMean>)
+            m = floor_div(sx * scale, len);  // RowMean's value: its sum is sx
+          else
+            m = mean(xr, len, scale);
+          const i64 f = floor_div(i64(1) << 61, root(std::max<i64>(sum_squares(sx, sxx, len, scale, m), 1)));
+          i64 done = 0;
+          if constexpr (sizeof(TI) == 1) {
+            if (vec.on) {
+#if IVIT_AVX2_PATH
+              done = layernorm_out_avx2(xr, yr, len, shift_in, m, f, ush, bb.data(), cc.data(), vec, qmin, qmax);
+#elif IVIT_NEON_PATH
+              done = layernorm_out_neon(xr, yr, len, shift_in, m, f, ush, bb.data(), vec, zy, qmin, qmax);
+#endif
+            }
+          }
+          if (done < len) {
+            if (uniform)
+              layernorm_out_x<true>(xr + done, yr + done, len - done, shift_in, m, f, ush, bb.data() + done,
+                                    hb.data() + done, cc.data() + done, rs);
+            else
+              layernorm_out_x<false>(xr + done, yr + done, len - done, shift_in, m, f, ush, bb.data() + done,
+                                     hb.data() + done, cc.data() + done, rs);
+          }
+        }
+      });
+      return;
+    }
     parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 lo, i64 hi) {
       std::vector<i64> d(len);
       for (i64 r = lo; r < hi; ++r) {
@@ -830,6 +1246,29 @@ int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i
       return;
     }
     const i64 sh = 62 - bits;
+    if (rows_fast()) {  // the fast paths (their section above)
+      const IndexVector vec(b, h, c, index.zy);
+      parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 r0, i64 r1) {
+        std::vector<int32_t> k(len);
+        std::vector<i64> e(len);
+        for (i64 r = r0; r < r1; ++r) {
+          const TI* xr = xs + r * len;
+          TO* yr = ys + r * len;
+          i64 km = 0, done = 0;  // every index is >= 0
+          if (vec.on) {
+#if IVIT_AVX2_PATH
+            done = index_max_avx2(xr, k.data(), len, b, c, vec, index.hi, km);
+#elif IVIT_NEON_PATH
+            done = index_max_neon(xr, k.data(), len, b, h, c, index.zy, index.hi, km);
+#endif
+          }
+          if (done < len) km = index_max(xr + done, k.data() + done, len - done, b, h, c, index, km);
+          const i64 sum = gather_sum(k.data(), e.data(), len, e_row(km));
+          softmax_row_out(e.data(), yr, len, floor_div(RECIP_M, sum), sh, y_zp, vec.on);
+        }
+      });
+      return;
+    }
     parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 r0, i64 r1) {
       std::vector<int32_t> k(len);
       std::vector<i64> e(len);
@@ -945,10 +1384,15 @@ int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const 
       const i64* __restrict row = e_rows + km * nq;
       i64 sum = 0;
       for (i64 j = 0; j < len; ++j) sum += ev[j] = row[kr[j]];
-      softmax_out(ev, static_cast<TO*>(y) + r * len, len, floor_div(RECIP_M, sum), 62 - bits, y_zp);
+      softmax_row_out(ev, static_cast<TO*>(y) + r * len, len, floor_div(RECIP_M, sum), 62 - bits, y_zp,
+                      rows_vector());
     }
   }) ? 0 : 1;
 }
+
+// Which loops the row kernels' fast paths take here (their section): 0 the generic ones (IVIT_GENERIC_ROWS),
+// 1 the portable ones, 2 AVX2, 3 NEON; for the tests.
+int ivit_rows_path() { return !rows_fast() ? 0 : !rows_vector() ? 1 : IVIT_NEON_PATH ? 3 : 2; }
 
 // 1 where the AVX2 rescale loops run on this CPU (avx2_path), else 0: for the tests.
 int ivit_rescale_avx2() { return avx2_path() ? 1 : 0; }

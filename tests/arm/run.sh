@@ -103,7 +103,7 @@ for cpu in "${models[@]}"; do
   # the native kernels and QGemm against the numpy references (the project's own test files), then the rest,
   # whose compiled digits model must run its weight GEMMs as QGemm
   before=$status
-  guest_pytest "$cpu" "native kernels" tests/opset/test_native.py tests/opset/test_qgemm.py tests/opset/test_qgemm_add.py \
+  guest_pytest "$cpu" "native kernels" tests/opset/test_native.py tests/opset/test_native_rows.py tests/opset/test_qgemm.py tests/opset/test_qgemm_add.py \
     tests/opset/test_qbatch.py
   if [ "$status" = "$before" ]; then
     out=$("${guest[@]}" tests/arm/exactness.py --samples "${IVIT_ARM_SAMPLES:-32}" 2>&1) || status=1
