@@ -215,16 +215,21 @@ struct Resid {
 // out[r * nr + j] (+)= sum over k < klen of a[r * lda + k] * tile[k][j], for the lay.mr rows of a (add: onto
 // what out holds, for the blocks of K after the first).
 
+// One row at a time: GCC 12 (-O3) vectorized the rows-inside-k form into loads of rows past the MR given (a
+// read past the packed rows' buffer, which faulted where the next page was unmapped).
 template <int MR>
 void micro_portable(const int16_t* a, i64 lda, i64 klen, const int16_t* b, int32_t* out, bool add) {
-  int32_t acc[MR][16] = {};
-  if (add) std::memcpy(acc, out, sizeof(acc));
-  for (i64 k = 0; k < klen; k += 2, b += 32)
-    for (int r = 0; r < MR; ++r) {
-      const int32_t a0 = a[r * lda + k], a1 = a[r * lda + k + 1];
-      for (int j = 0; j < 16; ++j) acc[r][j] += a0 * b[2 * j] + a1 * b[2 * j + 1];
+  for (int r = 0; r < MR; ++r) {
+    int32_t acc[16] = {};
+    if (add) std::memcpy(acc, out + r * 16, sizeof(acc));
+    const int16_t* ar = a + r * lda;
+    const int16_t* bk = b;
+    for (i64 k = 0; k < klen; k += 2, bk += 32) {
+      const int32_t a0 = ar[k], a1 = ar[k + 1];
+      for (int j = 0; j < 16; ++j) acc[j] += a0 * bk[2 * j] + a1 * bk[2 * j + 1];
     }
-  std::memcpy(out, acc, sizeof(acc));
+    std::memcpy(out + r * 16, acc, sizeof(acc));
+  }
 }
 
 #if IVIT_QGEMM_X86
