@@ -56,7 +56,7 @@ int ivit_qgemm_run_strided(const void* g, const void* a, int64_t lda, int64_t ro
                            int threads);
 void ivit_qgemm_destroy(void* g);
 // the roofline's ceiling: MACs done by `iters` rounds of the path's bare multiply-accumulate instruction on
-// registers (12 independent chains; *sum keeps the loop), 0 for the portable path; the caller times it
+// registers (independent chains; *sum keeps the loop), 0 for the portable path; the caller times it
 int64_t ivit_qgemm_peak(int isa, int64_t iters, int32_t* sum);
 }
 

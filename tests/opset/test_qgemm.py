@@ -277,3 +277,25 @@ def test_self_check_probes_every_path():
     assert "portable exact" in out and "; fast path: False" in out, out
     for isa in vector:
         assert f"{isa} refused (IVIT_GEMM_PROBE_FAULT)" in out
+
+
+#: per path: the MACs one round of ivit_qgemm_peak does, and the products it sums (qgemm.cpp's peak loops)
+PEAK = {"avx2": (6 * 16, 8 * 2 * -5 * (1 + 2 + 3 + 4 + 5 + 6)), "vnni": (12 * 64, 12 * 16 * 4 * 3 * -5),
+        "neon": (12 * 4, 12 * 4 * 3 * -5), "dotprod": (12 * 16, 12 * 4 * 4 * 3 * -5),
+        "i8mm": (12 * 32, 12 * 4 * 8 * 3 * -5)}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_peak_loop_runs_its_instruction(isa):
+    """The roofline's ceiling (bench_qgemm.py --kernel) really executes each round's products: the count it
+    reports and the sum of its accumulators match the loop's instruction; the portable path has none."""
+    need(isa)
+    lib = _lib()
+    lib.ivit_qgemm_peak.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.POINTER(ctypes.c_int32)]
+    lib.ivit_qgemm_peak.restype = ctypes.c_int64
+    total = ctypes.c_int32(0)
+    macs = lib.ivit_qgemm_peak(ISAS[isa], 10, ctypes.byref(total))
+    if isa == "portable":
+        assert macs == 0
+        return
+    assert (macs, total.value) == (10 * PEAK[isa][0], 10 * PEAK[isa][1])
