@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .qgemm_fold import ENGINE_DOMAIN, _Graph, apply
+from .qgemm_fold import ENGINE_DOMAIN, _Graph, apply, declared
 
 #: the QBatchMatMul forms (attn_fold.py)
 OPS = ("QBatchMatMul", "QBatchMatMulRequantize", "QBatchMatMulTable", "QBatchMatMulShiftmax")
@@ -202,10 +202,10 @@ def _merge(gr: _Graph, node: onnx.NodeProto, heads: int, cols: int):
 
 
 def static_shapes(model: onnx.ModelProto) -> dict[str, list]:
-    """The shapes the model declares (value_info, inputs), by tensor: dimensions, None where dynamic."""
-    g = model.graph
-    return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
-            for v in [*g.value_info, *g.input] if v.type.tensor_type.HasField("shape")}
+    """The shapes the model declares (:func:`.qgemm_fold.declared`), by tensor: dimensions, None where
+    dynamic."""
+    return {name: [d if isinstance(d, int) else None for d in dims]
+            for name, (_, dims) in declared(model.graph).items() if dims is not None}
 
 
 def head_views(
@@ -233,12 +233,13 @@ def head_views(
         trans_b = attrs.get("trans_b", 0)
         views = {}
         for side, i in (("a", 0), ("b", 1)):
-            found = _view(_trace(gr, inputs[i], shapes))
+            layout = _trace(gr, inputs[i], shapes)
+            found = _view(layout)
             if found is None or (side == "a" and found[1]):
                 continue
             view, swapped = found
             views[side] = view
-            inputs[i] = _trace(gr, inputs[i], shapes).source
+            inputs[i] = layout.source
             if swapped:
                 trans_b = 1 - trans_b
         if "a" in views and "b" in views and views["a"]["heads"] != views["b"]["heads"]:

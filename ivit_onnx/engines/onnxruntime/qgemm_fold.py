@@ -65,6 +65,18 @@ def _per_column(v: np.ndarray | None, n: int) -> bool:
     return v is not None and v.ndim <= 1 and v.size in (1, n)
 
 
+def declared(g: onnx.GraphProto) -> dict[str, tuple[int, list | None]]:
+    """Each tensor's (element type, dims: int or symbol, None where unknown) that the graph records."""
+    out = {}
+    for v in (*g.value_info, *g.input, *g.output):
+        t = v.type.tensor_type
+        dims = None
+        if t.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+        out[v.name] = (t.elem_type, dims)
+    return out
+
+
 def requantize_params(gr: _Graph, head: onnx.NodeProto):
     """A Requantize's constant (zx, multiplier, shift, zy) in the forms the engine's ops take (int64
     multipliers and shifts, shifts in 0..62, one zy), or None."""
@@ -164,4 +176,4 @@ def apply(model: onnx.ModelProto, replace: dict[int, onnx.NodeProto], dead: set[
     return len(replace)
 
 
-__all__ = ["ENGINE_DOMAIN", "apply", "fast_path", "fold_qgemm", "requantize_params"]
+__all__ = ["ENGINE_DOMAIN", "apply", "declared", "fast_path", "fold_qgemm", "requantize_params"]

@@ -19,24 +19,12 @@ from onnx import helper
 
 from ivit_onnx.opset import DOMAIN
 
-from .qgemm_fold import ENGINE_DOMAIN, _Graph, apply
+from .qgemm_fold import ENGINE_DOMAIN, _Graph, apply, declared
 
 #: the fused op of each GEMM form
 FUSED = {"QGemm": "QGemmAdd", "QGemmTable": "QGemmTableAdd"}
 #: the residual types the stage reads
 TYPES = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.int32)}
-
-
-def _types_and_shapes(g: onnx.GraphProto) -> dict[str, tuple[int, list | None]]:
-    """Each tensor's (element type, dims: int or symbol, None where unknown) that the graph records."""
-    out = {}
-    for v in (*g.value_info, *g.input, *g.output):
-        t = v.type.tensor_type
-        dims = None
-        if t.HasField("shape"):
-            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
-        out[v.name] = (t.elem_type, dims)
-    return out
 
 
 def _ends(r: list | None, v: list | None) -> bool:
@@ -103,7 +91,7 @@ def fold_residuals(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.Model
     out.CopyFrom(model)
     g = out.graph
     gr = _Graph(g, keep)
-    info = _types_and_shapes(g)
+    info = declared(g)
     replace: dict[int, onnx.NodeProto] = {}
     dead: set[int] = set()
     for gemm in list(g.node):
