@@ -314,7 +314,7 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
     j.a_u8 = a.elem == ort::UINT8, j.b_u8 = b.elem == ort::UINT8;
     j.za = single(input(2), "a_zero_point"), j.zb = single(input(3), "b_zero_point");
     j.qmin = kn.qmin, j.qmax = kn.qmax;
-    int out_elem = ort::INT32;
+    int out_elem = ort::INT32, sm_elem = ort::UNDEFINED;  // sm_elem: the Shiftmax form's output type
     if (kn.form == INT32) {
       j.zx = {0}, j.mult = {1}, j.shift = {0}, j.zy = 0;
     } else {
@@ -346,6 +346,7 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
         Kernel& mut = *static_cast<Kernel*>(kernel);
         mut.exps.prepare(table, kn.x0, kn.n);
         j.exps = &mut.exps, j.sm_zy = zo.at(0), j.sm_bits = kn.bits, j.sm_code = ivit::kernel_code(zo.elem);
+        sm_elem = zo.elem;
         j.zy -= kn.qmin, j.qmin = 0, j.qmax = kn.qmax - kn.qmin;
         out_elem = ort::UINT8;
       }
@@ -354,7 +355,7 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
     if (j.out_code < 0 || (j.exps && j.sm_code < 0)) throw Error{"the output must be int8, uint8, int16 or int32"};
     const int y_code = j.exps ? j.sm_code : j.out_code;
     j.ysize = y_code == 3 ? 4 : y_code == 2 ? 2 : 1;
-    if (j.exps) out_elem = read(input(9)).elem;
+    if (j.exps) out_elem = sm_elem;
     if (yh > 0) shape.back() = j.m, shape.push_back(j.ldy);
     else {
       if (!a_row) shape.push_back(j.m);
