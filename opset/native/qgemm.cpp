@@ -43,7 +43,6 @@
 #define IVIT_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 // the VNNI path's vector epilogue (vpmullq in the residual stage): with AVX-512 DQ, as every VNNI CPU has
 #define IVIT_T_EPI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
-#define IVIT_T_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
 #else
 #define IVIT_QGEMM_X86 0
 #endif
@@ -203,6 +202,11 @@ struct QGemm {
   i64 mv = 0, mr = 0, ac = 0, azy = 0, alo = 0, ahi = 0, azs = 0;
   i64 mv_lo = 0, mv_hi = 0, mr_lo = 0, mr_hi = 0;
   std::vector<i64> r_off, vr_off;
+  // the table after the residual stage (QGemmAddTable): post[sum - alo], out_code its type; post8 its bytes
+  // for byte outputs with VBMI (vbmi_post)
+  std::vector<int32_t> post;
+  alignas(64) uint8_t post8[256] = {};
+  bool vbmi_post = false;
 };
 
 // the residual activation of one run: rows repeating (row m reads row m % rows); r null where there is none
@@ -430,6 +434,9 @@ inline i64 add_one(const QGemm& g, i64 v, i64 n, int32_t r) {
   return w < g.alo ? g.alo : (w > g.ahi ? g.ahi : w);
 }
 
+// the sum s (in alo..ahi) through the table after the residual stage, if any
+inline i64 after_add(const QGemm& g, i64 s) { return g.post.empty() ? s : g.post[s - g.alo]; }
+
 // y[j] for the columns n0..n0+cols of one row: the accumulator from dot (see the top), then Requantize
 // (and the table), then the residual stage (rv: the residual activation's row, widened)
 template <class TO>
@@ -443,7 +450,7 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
     i64 v = ((t + g.half[n]) >> g.shift[n]) + g.zy;
     v = v < lo ? lo : (v > hi ? hi : v);
     v = g.table.empty() ? v : g.table[v - lo];
-    y[j] = static_cast<TO>(g.has_add ? add_one(g, v, n, rv ? rv[j] : 0) : v);
+    y[j] = static_cast<TO>(g.has_add ? after_add(g, add_one(g, v, n, rv ? rv[j] : 0)) : v);
   }
 }
 
@@ -451,113 +458,144 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
 // acc * b + off is (acc - zx) * b + h + 2**63 mod 2**64 with one signed 32 x 32-bit multiply, the floor shift a
 // logical one on the sign-flipped sum (kernels.cpp's AVX2 rescale).
 #if IVIT_QGEMM_X86
-// tab8[v - qmin] for v in int32 lanes, as 16 bytes, by two vpermi2b (128 entries each) and bit 7 choosing
-IVIT_T_VBMI __m128i vbmi16(const QGemm& g, __m512i v) {
-  const __m512i idx = _mm512_castsi128_si512(
-      _mm512_cvtepi32_epi8(_mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin)))));
-  const __m512i t0 = _mm512_load_si512(g.tab8), t1 = _mm512_load_si512(g.tab8 + 64);
-  const __m512i t2 = _mm512_load_si512(g.tab8 + 128), t3 = _mm512_load_si512(g.tab8 + 192);
-  const __m512i lo = _mm512_permutex2var_epi8(t0, idx, t1), hi = _mm512_permutex2var_epi8(t2, idx, t3);
-  return _mm512_castsi512_si128(_mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi));
+// tab8[i] of 16 byte indices i: vpermt2b on each 128-entry half (index bit 6 choosing the register), bit 7
+// choosing the half. Inline asm, as the epilogue's target lacks VBMI (only run where the CPU has it: vbmi_table).
+IVIT_T_EPI inline __m128i vbmi16(const __m512i* t, __m128i idx) {
+  const __m512i i = _mm512_castsi128_si512(idx);
+  __m512i lo = t[0], hi = t[2];
+  asm("vpermt2b %[b], %[i], %[a]" : [a] "+v"(lo) : [i] "v"(i), [b] "v"(t[1]));
+  asm("vpermt2b %[b], %[i], %[a]" : [a] "+v"(hi) : [i] "v"(i), [b] "v"(t[3]));
+  return _mm_mask_blend_epi8(_mm_movepi8_mask(idx), _mm512_castsi512_si128(lo), _mm512_castsi512_si128(hi));
 }
 
-// y[0..16) = tab8[v - qmin]
-IVIT_T_VBMI void lookup16_vbmi(const QGemm& g, __m512i v, uint8_t* y, __mmask16 m) {
-  const __m128i r = vbmi16(g, v);
-  if (m == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(y), r); else _mm_mask_storeu_epi8(y, m, r);
+// 16 int32 lanes as two sets of int64 lanes: the even columns (each lane's low half, sign-extended) and the odd
+// ones (its high half); and back, each int64 lane holding an int32's value
+IVIT_T_EPI inline __m512i even64(__m512i v) { return _mm512_srai_epi64(_mm512_slli_epi64(v, 32), 32); }
+IVIT_T_EPI inline __m512i odd64(__m512i v) { return _mm512_srai_epi64(v, 32); }
+IVIT_T_EPI inline __m512i join32(__m512i e, __m512i o) {
+  return _mm512_mask_blend_epi32(0xAAAA, e, _mm512_slli_epi64(o, 32));
 }
 
-// the table entries of 16 int32 lanes v, as int32 lanes (gathered, or looked up in bytes and widened as the
-// table's type)
-IVIT_T_EPI inline __m512i lookup16(const QGemm& g, __m512i v) {
-  if (g.vbmi_table) {
-    const __m128i t = vbmi16(g, v);
-    return g.mid_code == I8 ? _mm512_cvtepi8_epi32(t) : _mm512_cvtepu8_epi32(t);
+// p[n..n+16) (one int64 per column) as the even columns' 8 and the odd columns' 8
+struct Pair {
+  __m512i e, o;
+};
+IVIT_T_EPI inline Pair split(const i64* p) {
+  const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 8);
+  return {_mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), b),
+          _mm512_permutex2var_epi64(a, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), b)};
+}
+
+// the lanes m of 16 values at r of type `code`, as int32 lanes
+IVIT_T_EPI inline __m512i load16(const void* r, int code, __mmask16 m) {
+  switch (code) {
+    case I8: return _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, r));
+    case U8: return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, r));
+    case I16: return _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, r));
+    default: return _mm512_maskz_loadu_epi32(m, r);
   }
-  return _mm512_i32gather_epi32(_mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin))),
-                                g.table.data(), 4);
 }
 
-// the residual stage on 16 values v (inside v's type) of the columns n..n+16, as int64 lanes (columns n..n+8
-// in v[0], the next 8 in v[1]); r: the residual's, widened (activations), or null. vpmullq: the low 64 bits of
-// each product, exact mod 2**64.
-IVIT_T_EPI inline __m512i add16(const QGemm& g, const __m512i* v, const int32_t* r, i64 n) {
-  const __m512i mv = _mm512_set1_epi64(g.mv), mr = _mm512_set1_epi64(g.mr), zs = _mm512_set1_epi64(g.azs);
-  const __m128i c = _mm_cvtsi64_si128(g.ac);
-  __m256i part[2];
-  for (int half = 0; half < 2; ++half) {
-    __m512i t = _mm512_add_epi64(_mm512_mullo_epi64(v[half], mv), _mm512_loadu_si512(&g.vr_off[n + 8 * half]));
-    if (r) {
-      const __m512i rv = _mm512_cvtepi32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(r + 8 * half)));
-      t = _mm512_add_epi64(t, _mm512_mullo_epi64(rv, mr));
-    }
-    part[half] = _mm512_cvtsepi64_epi32(_mm512_add_epi64(_mm512_srl_epi64(t, c), zs));  // lo, hi: int32
-  }
-  const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
-  return _mm512_min_epi32(_mm512_max_epi32(u, _mm512_set1_epi32(static_cast<int32_t>(g.alo))),
-                          _mm512_set1_epi32(static_cast<int32_t>(g.ahi)));
-}
-
-// 16 int32 lanes v to y[0..16) as TO (truncating, as the scalar cast), through the table if any (and `tab`);
-// m: the lanes to write
+// the lanes m of 16 int32 lanes v to y as TO (truncating, as the scalar cast). The narrowed value stays a
+// register (the empty asm) and a whole vector stores unmasked: GCC would otherwise fuse the two into vpmovdb
+// to memory, which Zen 4 runs microcoded, at a fifth of the epilogue's time.
 template <class TO>
-IVIT_T_EPI inline void store16(const QGemm& g, __m512i v, TO* y, __mmask16 m, bool tab = true) {
+IVIT_T_EPI inline void store16(__m512i v, TO* y, __mmask16 m) {
   if constexpr (sizeof(TO) == 1) {
-    if (tab && g.vbmi_table) return lookup16_vbmi(g, v, reinterpret_cast<uint8_t*>(y), m);
-  }
-  if (tab && !g.table.empty())
-    v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, _mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(g.qmin))),
-                                    g.table.data(), 4);
-  if constexpr (sizeof(TO) == 1) {
-    const __m128i b = _mm512_cvtepi32_epi8(v);
+    __m128i b = _mm512_cvtepi32_epi8(v);
+    asm("" : "+v"(b));
     if (m == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(y), b); else _mm_mask_storeu_epi8(y, m, b);
   } else if constexpr (sizeof(TO) == 2) {
-    const __m256i w = _mm512_cvtepi32_epi16(v);
+    __m256i w = _mm512_cvtepi32_epi16(v);
+    asm("" : "+v"(w));
     if (m == 0xFFFF) _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), w); else _mm256_mask_storeu_epi16(y, m, w);
   } else {
     _mm512_mask_storeu_epi32(y, m, v);
   }
 }
 
+// The epilogue of a whole tile (rows x cols accumulators, row stride nr, the rows' sums rowsum; y: row m0,
+// column n0 of the output, row stride ldy), 16 columns at a time with their constants in registers across the
+// rows. A row's 16 columns split even / odd into int64 lanes (vpmuldq reads a lane's low half: no widening
+// shuffles); then acc * b + off as above, the clip on int64, the table (vpermt2b, or a gather), and the
+// residual stage (vpmullq: the low 64 bits, exact mod 2**64).
 template <class TO>
-IVIT_T_EPI void epilogue_avx512(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols,
-                                 const int32_t* rv, TO* y) {
-  const bool direct = g.has_add && g.table.empty();  // v straight from int64 into the residual stage
-  const __m512i lo64 = _mm512_set1_epi64(g.qmin), hi64 = _mm512_set1_epi64(g.qmax);
-  const __m512i rs = _mm512_set1_epi32(rowsum);
-  const __m512i lo = _mm512_set1_epi32(static_cast<int32_t>(g.qmin)), hi = _mm512_set1_epi32(static_cast<int32_t>(g.qmax));
+IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr, const int32_t* rowsum, i64 m0,
+                                     i64 rows, i64 n0, i64 cols, const Resid& res, TO* y, i64 ldy) {
+  const __m512i lo = _mm512_set1_epi64(g.qmin), hi = _mm512_set1_epi64(g.qmax);
+  const __m512i qmin = _mm512_set1_epi32(static_cast<int32_t>(g.qmin));
+  const __m512i mv = _mm512_set1_epi64(g.mv), mr = _mm512_set1_epi64(g.mr), azs = _mm512_set1_epi64(g.azs);
+  const __m512i alo = _mm512_set1_epi64(g.alo), ahi = _mm512_set1_epi64(g.ahi);
+  const __m128i ac = _mm_cvtsi64_si128(g.ac);
+  const bool tab = !g.table.empty();
+  const __m512i alo32 = _mm512_set1_epi32(static_cast<int32_t>(g.alo));
+  __m512i t8[4] = {}, p8[4] = {};
+  for (int i = 0; i < 4; ++i) {
+    if (g.vbmi_table) t8[i] = _mm512_load_si512(g.tab8 + 64 * i);
+    if (g.vbmi_post) p8[i] = _mm512_load_si512(g.post8 + 64 * i);
+  }
+  const i64 rsize = g.r_code == I16 ? 2 : (g.r_code == I32 ? 4 : 1);
   for (i64 j = 0; j < cols; j += 16) {
     const i64 n = n0 + j;
-    __m512i acc = _mm512_sub_epi32(_mm512_loadu_si512(dot + j), _mm512_loadu_si512(&g.corr[n]));
-    if (!g.zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_loadu_si512(&g.zb[n]), rs));
-    __m256i part[2];
-    __m512i wide[2];
-    for (int half = 0; half < 2; ++half) {
-      const i64 m = n + 8 * half;
-      const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1) : _mm512_castsi512_si256(acc));
-      __m512i t = _mm512_add_epi64(_mm512_mul_epi32(a, _mm512_loadu_si512(&g.mult[m])), _mm512_loadu_si512(&g.off[m]));
-      t = _mm512_add_epi64(_mm512_srlv_epi64(t, _mm512_loadu_si512(&g.shift[m])), _mm512_loadu_si512(&g.zs[m]));
-      if (direct) {  // the clip on int64, the residual stage's multiplies reading the low 32 bits
-        wide[half] = _mm512_min_epi64(_mm512_max_epi64(t, lo64), hi64);
+    const __mmask16 mask = static_cast<__mmask16>(cols - j >= 16 ? 0xFFFF : (1u << (cols - j)) - 1);
+    const __m512i corr = _mm512_loadu_si512(&g.corr[n]), zb = _mm512_loadu_si512(&g.zb[n]);
+    const Pair mult = split(&g.mult[n]), off = split(&g.off[n]), sh = split(&g.shift[n]), zs = split(&g.zs[n]);
+    const Pair roff = g.has_add ? split(&g.vr_off[n]) : Pair{off.e, off.o};
+    for (i64 r = 0; r < rows; ++r) {
+      __m512i acc = _mm512_sub_epi32(_mm512_load_si512(tile + r * nr + j), corr);
+      if (!g.zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zb, _mm512_set1_epi32(rowsum[r])));
+      __m512i e = _mm512_add_epi64(_mm512_mul_epi32(acc, mult.e), off.e);
+      __m512i o = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(acc, 32), mult.o), off.o);
+      e = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srlv_epi64(e, sh.e), zs.e), lo), hi);
+      o = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srlv_epi64(o, sh.o), zs.o), lo), hi);
+      TO* yr = y + r * ldy + j;
+      if (!g.has_add) {
+        const __m512i v = join32(e, o);
+        if constexpr (sizeof(TO) == 1) {
+          if (g.vbmi_table) {
+            const __m128i b = vbmi16(t8, _mm512_cvtepi32_epi8(_mm512_sub_epi32(v, qmin)));
+            if (mask == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(yr), b); else _mm_mask_storeu_epi8(yr, mask, b);
+            continue;
+          }
+        }
+        store16(tab ? _mm512_i32gather_epi32(_mm512_sub_epi32(v, qmin), g.table.data(), 4) : v, yr, mask);
         continue;
       }
-      part[half] = _mm512_cvtsepi64_epi32(t);  // saturated to int32: the same clip, qmin and qmax being int32
+      if (tab) {  // v through the table (entries already v's type), as int32 lanes
+        const __m512i k = _mm512_sub_epi32(join32(e, o), qmin);
+        __m512i w;
+        if (g.vbmi_table) {
+          const __m128i b = vbmi16(t8, _mm512_cvtepi32_epi8(k));
+          w = g.mid_code == I8 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+        } else {
+          w = _mm512_i32gather_epi32(k, g.table.data(), 4);
+        }
+        e = even64(w), o = odd64(w);
+      }
+      e = _mm512_add_epi64(_mm512_mullo_epi64(e, mv), roff.e);
+      o = _mm512_add_epi64(_mm512_mullo_epi64(o, mv), roff.o);
+      if (g.add_act) {
+        const i64 m = m0 + r, at = (m < res.rows ? m : m % res.rows) * g.n + n;
+        const __m512i rv = load16(static_cast<const char*>(res.r) + at * rsize, g.r_code, mask);
+        e = _mm512_add_epi64(e, _mm512_mullo_epi64(even64(rv), mr));
+        o = _mm512_add_epi64(o, _mm512_mullo_epi64(odd64(rv), mr));
+      }
+      e = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srl_epi64(e, ac), azs), alo), ahi);
+      o = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srl_epi64(o, ac), azs), alo), ahi);
+      if (g.post.empty()) {
+        store16(join32(e, o), yr, mask);
+        continue;
+      }
+      const __m512i k = _mm512_sub_epi32(join32(e, o), alo32);  // through the table after the stage
+      if constexpr (sizeof(TO) == 1) {
+        if (g.vbmi_post) {
+          const __m128i b = vbmi16(p8, _mm512_cvtepi32_epi8(k));
+          if (mask == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(yr), b); else _mm_mask_storeu_epi8(yr, mask, b);
+          continue;
+        }
+      }
+      store16(_mm512_i32gather_epi32(k, g.post.data(), 4), yr, mask);
     }
-    const i64 left = cols - j;
-    const __mmask16 mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
-    if (direct) {
-      store16(g, add16(g, wide, rv ? rv + j : nullptr, n), y + j, mask, false);
-      continue;
-    }
-    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(part[0]), part[1], 1);
-    if (!g.has_add) {
-      store16(g, _mm512_min_epi32(_mm512_max_epi32(v, lo), hi), y + j, mask);
-      continue;
-    }
-    const __m512i w = lookup16(g, _mm512_min_epi32(_mm512_max_epi32(v, lo), hi));  // through the table
-    const __m512i halves[2] = {_mm512_cvtepi32_epi64(_mm512_castsi512_si256(w)),
-                               _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(w, 1))};
-    store16(g, add16(g, halves, rv ? rv + j : nullptr, n), y + j, mask, false);
   }
 }
 
@@ -682,12 +720,18 @@ template <class TO>
 void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, const int32_t* rv,
                    TO* __restrict y) {
   alignas(64) int32_t v[48];
+  auto sums = [&] {  // v: the residual stage's sums, through the table after it if any
+    if (g.post.empty()) {
+      for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
+    } else {
+      const int32_t* post = g.post.data() - g.alo;
+      for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(post[v[j]]);
+    }
+  };
 #if IVIT_QGEMM_X86
-  if (g.isa == VNNI) return epilogue_avx512(g, dot, rowsum, n0, cols, rv, y);
   if (g.has_add && g.table.empty()) {  // the residual stage inside the rescale
     rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v, true, rv);
-    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
-    return;
+    return sums();
   }
   rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v);
 #endif
@@ -705,8 +749,7 @@ void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i
 #if IVIT_QGEMM_ARM
     add_neon(g, v, rv, n0, g.lay.nr);
 #endif
-    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
-    return;
+    return sums();
   }
   if (g.table.empty()) {
     for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
@@ -877,6 +920,12 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t
         continue;
       }
     }
+#if IVIT_QGEMM_X86
+    if (g.isa == VNNI && g.fast) {
+      epilogue_tile_avx512(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, y + m0 * ldy + n0, ldy);
+      continue;
+    }
+#endif
     for (i64 r = 0; r < rows; ++r)
       epilogue_row(g, tile + r * L.nr, rowsum[r], m0 + r, n0, cols, res, y + (m0 + r) * ldy + n0);
   }
@@ -1042,6 +1091,10 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
     if (add->r_code < 0 && (!add->r_const || (add->r_size != 1 && add->r_size != n)))
       return fail("a constant residual must have 1 or N values");
     if (add->out_code < I8 || add->out_code > I32) return fail("the sum must be int8, uint8, int16 or int32");
+    if (add->post && (add->post_code < I8 || add->post_code > I32))
+      return fail("the table after the sum must be int8, uint8, int16 or int32");
+    if (add->post && add->qmax - add->qmin >= (i64(1) << 16))
+      return fail("the table after the sum takes at most 65536 entries (the sum's qmin..qmax)");
     if (add->shift < 0 || add->shift > 62) return fail("the residual's shift must be in 0..62");
     if (add->qmin > add->qmax) return fail("the residual's qmin must not exceed its qmax");
   }
@@ -1085,7 +1138,14 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
     const i64 type_lo[] = {INT8_MIN, 0, INT16_MIN, INT32_MIN}, type_hi[] = {INT8_MAX, UINT8_MAX, INT16_MAX, INT32_MAX};
     const i64 c = add->shift;
     g->has_add = true, g->add_act = add->r_code >= 0, g->r_code = add->r_code, g->mid_code = out_code;
-    g->out_code = add->out_code;
+    g->out_code = add->post ? add->post_code : add->out_code;
+    if (add->post) {
+      g->post.assign(add->post, add->post + (add->qmax - add->qmin + 1));
+      if (isa == VNNI && (g->out_code == I8 || g->out_code == U8) && add->qmax - add->qmin < 256 && cpu_vbmi()) {
+        for (i64 i = 0; i <= add->qmax - add->qmin; ++i) g->post8[i] = static_cast<uint8_t>(add->post[i]);
+        g->vbmi_post = true;
+      }
+    }
     g->mv = add->mv, g->mr = add->mr, g->ac = c, g->azy = add->zy, g->alo = add->qmin, g->ahi = add->qmax;
     g->azs = static_cast<i64>(static_cast<uint64_t>(add->zy) - (uint64_t(1) << (63 - c)));
     const i64 base = (c ? i64(1) << (c - 1) : 0) - add->zv * add->mv - add->zr * add->mr;  // mod 2**64
@@ -1280,35 +1340,41 @@ std::string check_qgemm() {
 // a path packed otherwise must be handled here too (tests/opset/test_qbatch.py runs every path; tests/arm/run.sh
 // runs it on the NEON, sdot and i8mm paths).
 namespace {
-// dst: tiles of nr columns, each [kp / KS][nr][KS]; written group by group of KS k (contiguous stores), the
-// k past K left as create zeroed them; colsum[j] += the column's values
+// dst: tiles of nr columns, each [kp / KS][nr][KS], written tile by tile (the k past K left as create zeroed
+// them): a column's KS values at a time where they are contiguous (Kᵀ, ldk 1), else a k's columns at a time
+// (V, ldn 1); then colsum[j] += the column's values, summed from the packed tile in contiguous runs
 template <int KS, class T>
 void repack_b(T* dst, const uint8_t* b, i64 k, i64 n, i64 kp, i64 nr, i64 ldk, i64 ldn, uint8_t f,
               uint32_t* colsum) {
-  for (i64 k0 = 0; k0 < k; k0 += KS) {
-    const i64 ks = std::min<i64>(KS, k - k0);
-    T* group = dst + (k0 / KS) * nr * KS;
-    for (i64 j0 = 0; j0 < n; j0 += nr, group += kp * nr) {
-      const i64 cols = std::min(nr, n - j0);
-      for (i64 jj = 0; jj < cols; ++jj) {
-        const uint8_t* src = b + (j0 + jj) * ldn + k0 * ldk;
-        T* d = group + jj * KS;
-        int32_t sum = 0;
-        if (ks == KS) {
-          for (int s = 0; s < KS; ++s) {
-            const int8_t v = static_cast<int8_t>(src[s * ldk] ^ f);
-            d[s] = v;
-            sum += v;
-          }
-        } else {
-          for (i64 s = 0; s < ks; ++s) {
-            const int8_t v = static_cast<int8_t>(src[s * ldk] ^ f);
-            d[s] = v;
-            sum += v;
-          }
+  constexpr i64 MOST = 48 * 8;  // nr * KS of every layout is at most this
+  for (i64 j0 = 0; j0 < n; j0 += nr) {
+    const i64 cols = std::min(nr, n - j0);
+    T* tile = dst + j0 * kp;
+    for (i64 k0 = 0; k0 < k; k0 += KS) {
+      const i64 ks = std::min<i64>(KS, k - k0);
+      T* __restrict d = tile + k0 * nr;
+      if (ldk == 1 && ks == KS) {
+        for (i64 jj = 0; jj < cols; ++jj) {
+          const uint8_t* __restrict src = b + (j0 + jj) * ldn + k0;
+          for (int s = 0; s < KS; ++s) d[jj * KS + s] = static_cast<int8_t>(src[s] ^ f);
         }
-        colsum[j0 + jj] += static_cast<uint32_t>(sum);
+      } else {
+        for (i64 s = 0; s < ks; ++s) {
+          const uint8_t* __restrict src = b + (k0 + s) * ldk + j0 * ldn;
+          for (i64 jj = 0; jj < cols; ++jj) d[jj * KS + s] = static_cast<int8_t>(src[jj * ldn] ^ f);
+        }
       }
+    }
+    int32_t acc[MOST] = {};
+    const i64 run = nr * KS;
+    for (i64 g = 0; g < kp / KS; ++g) {
+      const T* __restrict d = tile + g * run;
+      for (i64 i = 0; i < run; ++i) acc[i] += d[i];
+    }
+    for (i64 jj = 0; jj < cols; ++jj) {
+      int32_t sum = 0;
+      for (int s = 0; s < KS; ++s) sum += acc[jj * KS + s];
+      colsum[j0 + jj] += static_cast<uint32_t>(sum);
     }
   }
 }

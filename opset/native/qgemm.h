@@ -12,7 +12,9 @@
 // above, as its type, is one addend and r the other, an activation [rows, N] (rows repeating) or constants
 // (1 or N values):
 //   out[m, n] = clip(floor(((v - zv) * mv + (r - zr) * mr + floor(2**c/2)) / 2**c) + zy, qmin, qmax)
-// in int64 (mod 2**64, as the IAdd kernel), the multipliers, shift and zero points scalars.
+// in int64 (mod 2**64, as the IAdd kernel), the multipliers, shift and zero points scalars. QGemmAddTable (and
+// QGemmTableAddTable) then look the sum up in a table (a Requantize chain after the IAdd, tabulated over the
+// sum's qmin..qmax): y = post[out - qmin].
 #pragma once
 
 #include <cstdint>
@@ -32,12 +34,15 @@ void* ivit_qgemm_create(int isa, int a_code, int64_t k, int64_t n, const int8_t*
                         int64_t za, const int64_t* zx, const int64_t* mult, const int64_t* shift, int64_t nch,
                         int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table, int out_code, const char** err);
 // The residual stage of ivit_qgemm_create_add (qgemm.h's QGemmAdd): r_code 0..3 for an activation r (passed to
-// ivit_qgemm_run_add), -1 for the constants r_const (r_size: 1 or n values); out_code the sum's type.
+// ivit_qgemm_run_add), -1 for the constants r_const (r_size: 1 or n values); out_code the sum's type; post
+// null, or the table after it (qmax - qmin + 1 values of the type post_code, the output's then).
 struct IvitQGemmAdd {
   int r_code;
   const int64_t* r_const;
   int64_t r_size, zv, mv, zr, mr, shift, zy, qmin, qmax;
   int out_code;
+  const int32_t* post;
+  int post_code;
 };
 // ivit_qgemm_create with the residual stage (add null: none); out_code stays the Requantize's (table's) type
 void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int8_t* b, const int64_t* zb,
@@ -62,8 +67,8 @@ int64_t ivit_qgemm_peak(int isa, int64_t iters, int32_t* sum);
 
 namespace ivit {
 // The QGemm op of domain ai.ivit.engine (and its table form, QGemmTable; with add, QGemmAdd and
-// QGemmTableAdd) for RegisterCustomOps.
-const ort::CustomOp* qgemm_op(const ort::Api* api, bool table, bool add = false);
+// QGemmTableAdd; with post too, QGemmAddTable and QGemmTableAddTable) for RegisterCustomOps.
+const ort::CustomOp* qgemm_op(const ort::Api* api, bool table, bool add = false, bool post = false);
 // The self-check of the QGemm paths (once per process): each path this CPU has, at the worst cases, against
 // plain int64 loops; a path that differs is never picked. Returns the outcome, e.g. "vnni exact, avx2 exact,
 // portable exact".

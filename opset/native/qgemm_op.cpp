@@ -4,6 +4,8 @@
 //   QGemmTable(..., y_zero_point, table) -> table[y - qmin]
 //   QGemmAdd(<QGemm's inputs>, r, v_zero_point, r_zero_point, v_multiplier, r_multiplier, shift, sum_zero_point)
 //   QGemmTableAdd(<QGemmTable's inputs>, r, ...) -> IAdd(v, r) of that y as v (resid_fold.py), in one epilogue
+//   QGemmAddTable(<QGemmAdd's inputs>, post), QGemmTableAddTable(<QGemmTableAdd's inputs>, post) ->
+//   post[sum - add_qmin]: a Requantize chain after the IAdd, tabulated over the sum's values (resid_fold.py)
 // attributes qmin, qmax (and the IAdd's add_qmin, add_qmax). Every input but A (and r) must be a constant
 // initializer: B is packed, and the parameters expanded per column, once, when onnxruntime creates the kernel;
 // the kernel is then immutable, so onnxruntime may run it concurrently. r is constant (1 or N values: the
@@ -48,18 +50,20 @@ struct Kernel {
   i64 k, n;
   std::string node;
   int r_code;  // the residual activation's type (kernels.h's codes), -1 if none or constant
-  bool table, add;
+  bool table, add, post;
 };
 
 struct QOp {
   ort::CustomOp base;
-  bool table, add;
+  bool table, add, post;
 };
 
 bool has_table(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op)->table; }
 bool has_add(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op)->add; }
+bool has_post(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op)->post; }
 
-const char* name_of(bool table, bool add) {
+const char* name_of(bool table, bool add, bool post) {
+  if (post) return table ? "QGemmTableAddTable" : "QGemmAddTable";
   return add ? (table ? "QGemmTableAdd" : "QGemmAdd") : (table ? "QGemmTable" : "QGemm");
 }
 
@@ -96,7 +100,7 @@ std::vector<i64> per_column(const Tensor& t, i64 n, const char* what) {
 }
 
 ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelInfo* info, void** out) {
-  const bool table = has_table(op), add = has_add(op);
+  const bool table = has_table(op), add = has_add(op), post = has_post(op);
   const std::string node = ivit::ort_node_name(g_api, info);
   try {
     i64 attr[4];
@@ -123,6 +127,7 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
     const auto ms = per_column(mult, n, "multiplier"), cs = per_column(shift, n, "shift");
     IvitQGemmAdd res{};
     std::vector<i64> r_values;
+    std::vector<int32_t> post_values;
     int r_code = -1;
     if (add) {
       const size_t first = residual_input(table);
@@ -144,16 +149,24 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
         res.r_code = code(zr.elem);
         r_code = res.r_code;
       }
+      if (post) {
+        const Tensor t = constant(info, first + 7);
+        if (t.shape.size() != 1 || t.size != res.qmax - res.qmin + 1)
+          throw Error{"the table after the sum must be 1-D with add_qmax - add_qmin + 1 entries"};
+        for (i64 i = 0; i < t.size; ++i) post_values.push_back(static_cast<int32_t>(t.at(i)));
+        res.post = post_values.data(), res.post_code = code(t.elem);
+      }
     }
     const char* err = nullptr;
     void* g = ivit_qgemm_create_add(0, a_code, k, n, static_cast<const int8_t*>(b.data), zbs.data(), n, za.at(0),
                                     zxs.data(), ms.data(), cs.data(), n, zy.at(0), attr[0], attr[1],
                                     table ? tab.data() : nullptr, out_code, add ? &res : nullptr, &err);
     if (!g) throw Error{err};
-    *out = new Kernel{g, k, n, node, r_code, table, add};
+    *out = new Kernel{g, k, n, node, r_code, table, add, post};
     return nullptr;
   } catch (const Error& e) {
-    return status(std::string("ai.ivit.engine ") + name_of(table, add) + " node '" + node + "' refused: " + e.msg);
+    return status(std::string("ai.ivit.engine ") + name_of(table, add, post) + " node '" + node +
+                  "' refused: " + e.msg);
   }
 }
 
@@ -196,27 +209,28 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
       throw Error{"the residual does not fit the GEMM"};
     return nullptr;
   } catch (const Error& e) {
-    return status(std::string("ai.ivit.engine ") + name_of(k.table, k.add) + " node '" + k.node + "': " + e.msg);
+    return status(std::string("ai.ivit.engine ") + name_of(k.table, k.add, k.post) + " node '" + k.node + "': " +
+                  e.msg);
   }
 }
 
-QOp make(bool table, bool add) {
+QOp make(bool table, bool add, bool post = false) {
   ort::CustomOp o = ivit::ort_custom_op();
-  o.GetName = [](const ort::CustomOp* op) { return name_of(has_table(op), has_add(op)); };
+  o.GetName = [](const ort::CustomOp* op) { return name_of(has_table(op), has_add(op), has_post(op)); };
   // A, a_zero_point: int8 or uint8; B, b_zero_point int8; x_zero_point int32; multiplier, shift int64;
   // y_zero_point and the table: the output's type (undefined: checked when the kernel is created)
   // the residual stage: r, v_zero_point, r_zero_point: the types of r and v; v_multiplier, r_multiplier,
-  // shift int64; sum_zero_point the output's type
+  // shift int64; sum_zero_point the sum's type; the table after it (post): the output's type
   o.GetInputType = [](const ort::CustomOp* op, size_t i) {
     static const ort::ElemType types[] = {ort::UNDEFINED, ort::UNDEFINED, ort::INT8,      ort::INT8,     ort::INT32,
                                           ort::INT64,     ort::INT64,     ort::UNDEFINED, ort::UNDEFINED};
     static const ort::ElemType resid[] = {ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED, ort::INT64,
-                                          ort::INT64,     ort::INT64,     ort::UNDEFINED};
+                                          ort::INT64,     ort::INT64,     ort::UNDEFINED, ort::UNDEFINED};
     const size_t first = residual_input(has_table(op));
     return i < first ? types[i] : resid[i - first];
   };
   o.GetInputTypeCount = [](const ort::CustomOp* op) -> size_t {
-    return residual_input(has_table(op)) + (has_add(op) ? 7 : 0);
+    return residual_input(has_table(op)) + (has_add(op) ? 7 : 0) + (has_post(op) ? 1 : 0);
   };
   o.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::UNDEFINED; };
   o.GetOutputTypeCount = [](const ort::CustomOp*) -> size_t { return 1; };
@@ -226,17 +240,18 @@ QOp make(bool table, bool add) {
   };
   o.CreateKernelV2 = create;
   o.KernelComputeV2 = compute;
-  return QOp{o, table, add};
+  return QOp{o, table, add, post};
 }
 
 }  // namespace
 
 namespace ivit {
 
-const ort::CustomOp* qgemm_op(const ort::Api* api, bool table, bool add) {
+const ort::CustomOp* qgemm_op(const ort::Api* api, bool table, bool add, bool post) {
   g_api = api;
-  static const QOp ops[4] = {make(false, false), make(true, false), make(false, true), make(true, true)};
-  return &ops[(table ? 1 : 0) + (add ? 2 : 0)].base;
+  static const QOp ops[6] = {make(false, false), make(true, false),      make(false, true),
+                             make(true, true),   make(false, true, true), make(true, true, true)};
+  return &ops[post ? 4 + (table ? 1 : 0) : (table ? 1 : 0) + (add ? 2 : 0)].base;
 }
 
 }  // namespace ivit

@@ -1,8 +1,8 @@
 """The compile step's residual fusion (:mod:`ivit_onnx.engines.onnxruntime.resid_fold`): ``QGemm |
 QGemmTable -> IAdd`` as QGemmAdd / QGemmTableAdd, on tiny graphs (an activation residual on either side of
-the IAdd, a constant one as ``quantize_static``'s bias, through a table) compiled by ``compile_model`` and run
-by the library, equal to the reference evaluator on the graph as converted, on every instruction-set path;
-the tiny ViT's residual adds; and the IAdds it must leave alone."""
+the IAdd, a constant one as ``quantize_static``'s bias, through a table; a GELU chain after the sum) compiled
+by ``compile_model`` and run by the library, equal to the reference evaluator on the graph as converted, on
+every instruction-set path; the tiny ViT's residual adds; and the IAdds it must leave alone."""
 
 from __future__ import annotations
 
@@ -87,6 +87,59 @@ def test_fused_artifact_is_bit_exact(isa, monkeypatch):
             assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (adt, kw)
             saturated += int((want[0] == 127).any() or (want[0] == -128).any())
     assert saturated >= len(cases), saturated  # sums past the clip in half the cases at least
+
+
+def gelu_after_the_sum(model: onnx.ModelProto, head: str, per_channel: bool = False) -> onnx.ModelProto:
+    """``resid_model``'s sum, then a GELU as the converter writes one after a ``quantize_static`` bias IAdd:
+    ``Requantize`` (head "wide": the upscale to int32, which chain_fold tabulates over the int8 sum; "narrow":
+    to int8, a table over its outputs, per channel if asked) and ShiftGELU, the graph's output."""
+    from tests.opset.oneop import shiftgelu_params
+
+    g = model.graph
+    if head == "wide":
+        up = 22
+        params = {"hz": np.int8(0), "hb": np.int64(up), "hc": np.int64(0), "hy": np.int32(0)}
+        bounds, reach = dict(qmin=-(1 << 31), qmax=(1 << 31) - 1), up * 128
+    else:
+        b = np.array([3 << 19] * (N if per_channel else 1), np.int64)
+        b[-1] += 12345
+        params = {"hz": np.int8(2), "hb": b, "hc": np.full(b.shape, 20, np.int64), "hy": np.int8(-1)}
+        bounds, reach = dict(qmin=-128, qmax=127), 128
+    attrs, gb, gc = shiftgelu_params(1.0 / 300, 0.02, reach, 15, -128, 127)
+    params |= {"gb": np.int64(gb), "gc": np.int64(gc), "gz": np.int8(-3)}
+    g.initializer.extend(numpy_helper.from_array(np.asarray(x), k) for k, x in params.items())
+    g.node.append(OPS["Requantize"].make_node(["sum", "hz", "hb", "hc", "hy"], ["h"], name="head", **bounds))
+    g.node.append(OPS["ShiftGELU"].make_node(["h", "gb", "gc", "gz"], ["gelu_out"], name="gelu", **attrs))
+    g.output[0].CopyFrom(helper.make_tensor_value_info("gelu_out", TensorProto.INT8, None))
+    return model
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "neon", "dotprod", "i8mm"])
+def test_a_table_after_the_sum(isa, monkeypatch):
+    """A GELU after the sum (chain_fold's RequantizeTable, over the int8 sum or over its Requantize's outputs)
+    goes into the same epilogue as QGemmAddTable / QGemmTableAddTable, with the reference evaluator's bits on
+    every path; a per-channel Requantize there stays a RequantizeTable of its own."""
+    from tests.opset.test_qgemm import ISAS, need
+
+    need(isa)
+    monkeypatch.setenv("IVIT_GEMM_ISA", isa)
+    rng = np.random.default_rng([ISAS[isa], 31])
+    for head, kw in (("wide", dict(form="column")), ("narrow", dict(side=0)), ("wide", dict(table=True)),
+                     ("narrow", dict(form="column", side=0, table=True))):
+        model, feeds = resid_model(rng, np.uint8, **kw)
+        model = gelu_after_the_sum(model, head)
+        compiled = compile_model(model)
+        assert fused_ops(compiled.model) == ["QGemmTableAddTable" if kw.get("table") else "QGemmAddTable"]
+        assert compiled.counts["post_table"] == 1 and "1 tabulated chains after" in compiled.describe()
+        want = evaluator(model).run(None, feeds)[0]
+        got = library_run(compiled.model, feeds)[0]
+        assert got.dtype == want.dtype and np.array_equal(got, want), (head, kw)
+        assert len(np.unique(want)) > 10  # the table's values, not one clipped end
+    model, feeds = resid_model(rng, np.uint8)
+    model = gelu_after_the_sum(model, "narrow", per_channel=True)
+    compiled = compile_model(model)
+    assert fused_ops(compiled.model) == ["QGemmAdd"] and compiled.counts["post_table"] == 0
+    assert np.array_equal(library_run(compiled.model, feeds)[0], evaluator(model).run(None, feeds)[0])
 
 
 def test_sum_of_two_gemms():
@@ -188,6 +241,7 @@ def test_quantize_static_bias_iadds(tmp_path):
     inits = {t.name for t in model.graph.initializer}
     constant_adds = [n for n in model.graph.node if n.op_type == "IAdd" and set(n.input[:2]) & inits]
     assert compiled.counts["resid_fold"] == compiled.counts["qgemm"] - 1 > 0  # all but the head's GEMM
+    assert compiled.counts["post_table"] == 2  # fc1's GELU, its chain tabulated over the bias IAdd's sum
     assert len(constant_adds) >= compiled.counts["resid_fold"]
     x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
     name = model.graph.input[0].name

@@ -136,19 +136,40 @@ def test_what_is_left_alone():
     rng = np.random.default_rng(2)
     model, _ = chain_model(rng, "int8", "gelu", False)
     assert fold_chains(model, keep={"v"})[1] == 1  # the chain stops before a tensor someone reads
-    assert fused_ops(fold_chains(model, keep={"q"})[0]) == []
+    # q kept: the upscale and the GELU after it, over q's int8 values
+    assert fused_ops(fold_chains(model, keep={"q"})[0]) == ["RequantizeTable"]
     model.graph.output.append(helper.make_tensor_value_info("q", TensorProto.INT8, None))
-    assert fold_chains(model)[1] == 0  # a graph output inside the chain
+    folded = fold_chains(model)[0]  # a graph output inside the chain: only what follows it folds
+    assert [n.input[0] for n in folded.graph.node if n.domain == FUSED_DOMAIN] == ["q"]
     plain, _ = chain_model(rng, "int8", "none", False)
     assert fold_chains(plain)[1] == 0  # nothing after the Requantize
     wide, _ = chain_model(rng, "int8", "gelu", False)
     head = next(n for n in wide.graph.node if n.name == "head")
-    next(a for a in head.attribute if a.name == "qmax").i = 1 << 20  # a table too big
-    assert fold_chains(wide)[1] == 0
+    next(a for a in head.attribute if a.name == "qmax").i = 1 << 20  # a table too big, over an int32 input:
+    assert fused_ops(fold_chains(wide)[0]) == ["RequantizeTable"]  # only the upscale's chain, over int8
+    assert next(n for n in fold_chains(wide)[0].graph.node if n.domain == FUSED_DOMAIN).input[0] == "q"
     fed, _ = chain_model(rng, "int8", "gelu", False)
     fed.graph.input.append(helper.make_tensor_value_info("gb", TensorProto.INT64, []))
     fed.graph.initializer.remove(next(t for t in fed.graph.initializer if t.name == "gb"))
     assert fused_ops(fold_chains(fed)[0]) == ["RequantizeTable"]  # stops before a non-constant parameter
+
+
+@pytest.mark.parametrize("mid", ["int8", "uint8", "int16"])
+def test_a_chain_over_its_input(mid):
+    """A head with more outputs than a table takes (the upscale to int32) but an 8- or 16-bit input: the
+    chain is tabulated over the input's every value (an identity Requantize, then the table), with the bits
+    of the reference evaluator; an input whose declared type differs from its zero point's is left alone."""
+    model, feeds = chain_model(np.random.default_rng(4), mid, "gelu", False)
+    folded, n = fold_chains(model, keep={"q"})
+    assert n == 1 and fused_ops(folded) == ["RequantizeTable"]
+    node = next(n for n in folded.graph.node if n.domain == FUSED_DOMAIN)
+    table = next(t for t in folded.graph.initializer if t.name == node.input[5])
+    assert node.input[0] == "q" and numpy_helper.to_array(table).size == 1 << np.iinfo(MID[mid][0]).bits
+    ref = evaluator(model).run(None, feeds)[0]
+    got = session(folded, "library", threads=2).run(None, feeds)[0]
+    assert got.dtype == ref.dtype and np.array_equal(got, ref)
+    model.graph.value_info.append(helper.make_tensor_value_info("q", TensorProto.INT32, None))
+    assert fold_chains(model, keep={"q"})[1] == 0
 
 
 def test_a_table_of_the_wrong_size_is_refused_with_the_node_name():

@@ -4,7 +4,8 @@ then the IAdd reference), on every instruction-set path this CPU has (``tests/ar
 on the emulated ARM cores). Cases: int8 and uint8 A, per-tensor and per-column Requantize, v as the IAdd's a
 or b, activation residuals of every IAdd input type and constant ones (per column, single), sums that
 saturate, multipliers within int32 and past it (the converter's, near 2**53: two products a lane), past 2**62
-(the scalar epilogue), through a table, and through onnxruntime with ``IVIT_GEMM_ISA``.
+(the scalar epilogue), through a table, with a table after the sum (QGemmAddTable; byte tables through
+vpermt2b where the CPU has VBMI, wider ones gathered), and through onnxruntime with ``IVIT_GEMM_ISA``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Add(ctypes.Structure):
 
     _fields_ = [("r_code", ctypes.c_int), ("r_const", ctypes.c_void_p)] + [
         (name, ctypes.c_int64) for name in ("r_size", "zv", "mv", "zr", "mr", "shift", "zy", "qmin", "qmax")
-    ] + [("out_code", ctypes.c_int)]
+    ] + [("out_code", ctypes.c_int), ("post", ctypes.c_void_p), ("post_code", ctypes.c_int)]
 
 
 def _add_lib():
@@ -61,17 +62,18 @@ def residual(rng, c: dict, rdt, form: str, v_first: bool, out=np.int8, wide=Fals
                 qmin=int(o.min) + (1 if out == np.int8 else 0), qmax=int(o.max), v_first=v_first)
 
 
-def want(c: dict, res: dict, table=None) -> np.ndarray:
-    """The QGemm reference, then the IAdd reference with v on its side."""
+def want(c: dict, res: dict, table=None, post=None) -> np.ndarray:
+    """The QGemm reference, then the IAdd reference with v on its side (then post[sum - qmin])."""
     v = reference(**c, table=table)
     r = res["r"]
     v_side = (v, res["zv"], np.int64(res["mv"]))
     r_side = (r, res["zr"], np.int64(res["mr"]))
     (a, za, ma), (b, zb, mb) = (v_side, r_side) if res["v_first"] else (r_side, v_side)
-    return iadd(a, b, za, zb, ma, mb, np.int64(res["shift"]), res["zy"], qmin=res["qmin"], qmax=res["qmax"])
+    s = iadd(a, b, za, zb, ma, mb, np.int64(res["shift"]), res["zy"], qmin=res["qmin"], qmax=res["qmax"])
+    return s if post is None else post[s.astype(np.int64) - res["qmin"]]
 
 
-def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1) -> np.ndarray:
+def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1, post=None) -> np.ndarray:
     """The fused GEMM through the C entry points, on ``isa``."""
     lib = _add_lib()
     k, n = c["b"].shape
@@ -86,6 +88,9 @@ def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1) -> np.ndar
               r_size=consts.size, zv=int(res["zv"]), mv=res["mv"], zr=int(res["zr"]), mr=res["mr"],
               shift=res["shift"], zy=int(res["zy"]), qmin=res["qmin"], qmax=res["qmax"],
               out_code=CODES[np.asarray(res["zy"]).dtype])
+    post32 = None if post is None else np.ascontiguousarray(post.astype(np.int32))
+    if post is not None:
+        add.post, add.post_code = post32.ctypes.data, CODES[post.dtype]
     # the IAdd is symmetric apart from which parameters go with which side: v takes the ones of its side
     err = ctypes.c_char_p()
     b = np.ascontiguousarray(c["b"])
@@ -97,7 +102,7 @@ def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1) -> np.ndar
     assert g, err.value
     try:
         a = np.ascontiguousarray(c["a"])
-        y = np.zeros((a.shape[0], n), np.asarray(res["zy"]).dtype)
+        y = np.zeros((a.shape[0], n), np.asarray(res["zy"]).dtype if post is None else post.dtype)
         rc = lib.ivit_qgemm_run_add(g, a.ctypes.data, a.shape[0], r.ctypes.data if act else None,
                                     r.shape[0] if act else 0, y.ctypes.data, threads)
         assert rc == 0
@@ -126,6 +131,32 @@ def test_residual_paths_bit_exact(isa, adt, per_column):
                     np.testing.assert_array_equal(got, expect, err_msg=msg, strict=True)
                     saturated += int((expect == res["qmin"]).any() or (expect == res["qmax"]).any())
     assert saturated > 36, saturated  # of 72 cases, a clip reached
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_table_after_the_sum(isa):
+    """QGemmAddTable's stage: the sum through a table over add_qmin..add_qmax, for byte tables of the full
+    range and of a narrower clip (vpermt2b where the CPU has VBMI), int16 ones (gathered), before it a table
+    too (QGemmTableAddTable), activation and constant residuals, columns that leave a partial vector."""
+    need(isa)
+    rng = np.random.default_rng(ISAS[isa] + 91)
+    for pdt, out, narrow, pre in ((np.uint8, np.int8, False, False), (np.int8, np.uint8, True, False),
+                                  (np.int16, np.int8, False, False), (np.uint8, np.int8, False, True)):
+        for n, form in ((53, "act"), (48, "column"), (7, "act")):
+            c = case(rng, np.uint8, 67, n, 37, True)
+            table = None
+            if pre:
+                table = rng.integers(-128, 128, c["qmax"] - c["qmin"] + 1).astype(np.int8)
+            res = residual(rng, c, np.int8, form, form == "act", out=out)
+            if pre:
+                res["zv"] = np.int8(res["zv"])
+            if narrow:
+                res["qmin"], res["qmax"] = 20, 200
+            info = np.iinfo(pdt)
+            post = rng.integers(info.min, info.max + 1, res["qmax"] - res["qmin"] + 1).astype(pdt)
+            got = run_c(isa, c, res, table=table, post=post, threads=2)
+            np.testing.assert_array_equal(got, want(c, res, table=table, post=post), strict=True,
+                                          err_msg=f"{isa} {pdt.__name__} {n} {form} {pre}")
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -159,8 +190,9 @@ def test_residual_table_wide_and_output_types(isa):
     np.testing.assert_array_equal(got, ref)
 
 
-def qgemm_add_model(c: dict, res: dict, r_shape, table=None) -> tuple[onnx.ModelProto, dict]:
-    """A one-node QGemmAdd (QGemmTableAdd) model, A (and an activation r) inputs, batched A."""
+def qgemm_add_model(c: dict, res: dict, r_shape, table=None, post=None) -> tuple[onnx.ModelProto, dict]:
+    """A one-node QGemmAdd (QGemmTableAdd; with post, QGemmAddTable) model, A (and an activation r) inputs,
+    batched A."""
     k, n = c["b"].shape
     inits = [numpy_helper.from_array(np.asarray(c[key]), key)
              for key in ("za", "b", "zb", "zx", "mult", "shift", "zy")]
@@ -178,6 +210,10 @@ def qgemm_add_model(c: dict, res: dict, r_shape, table=None) -> tuple[onnx.Model
     names += ["r", "zv", "zr", "mv", "mr", "c2", "zs"]
     a = c["a"].reshape(2, -1, k)
     op = "QGemmTableAdd" if table is not None else "QGemmAdd"
+    if post is not None:
+        inits.append(numpy_helper.from_array(post, "post"))
+        names.append("post")
+        op += "Table"
     node = helper.make_node(op, names, ["y"], domain=DOMAIN, name="gemm", qmin=c["qmin"], qmax=c["qmax"],
                             add_qmin=res["qmin"], add_qmax=res["qmax"])
     elem = helper.np_dtype_to_tensor_dtype
@@ -186,7 +222,8 @@ def qgemm_add_model(c: dict, res: dict, r_shape, table=None) -> tuple[onnx.Model
     if act:
         inputs.append(helper.make_tensor_value_info("r", elem(r.dtype), r.shape))
         feeds["r"] = r
-    outputs = [helper.make_tensor_value_info("y", elem(np.asarray(res["zy"]).dtype), None)]
+    out = np.asarray(res["zy"]).dtype if post is None else post.dtype
+    outputs = [helper.make_tensor_value_info("y", elem(out), None)]
     graph = helper.make_graph([node], "qgemm_add", inputs, outputs, inits)
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10), feeds
@@ -212,6 +249,11 @@ def test_onnxruntime_op(isa, monkeypatch):
     res = residual(rng, c, np.int16, "column", True)
     model, feeds = qgemm_add_model(c, res, None, table=table)
     np.testing.assert_array_equal(ort_run(model, feeds), want(c, res, table=table).reshape(2, 11, 37))
+    post = rng.integers(0, 256, res["qmax"] - res["qmin"] + 1).astype(np.uint8)
+    for t in (None, table):  # QGemmAddTable, QGemmTableAddTable
+        model, feeds = qgemm_add_model(c, res, None, table=t, post=post)
+        expect = want(c, res, table=t, post=post).reshape(2, 11, 37)
+        np.testing.assert_array_equal(ort_run(model, feeds), expect)
 
 
 def test_refusals():
@@ -226,6 +268,9 @@ def test_refusals():
     mv = next(t for t in model.graph.initializer if t.name == "mv")
     mv.CopyFrom(numpy_helper.from_array(np.array([3, 4], np.int64), "mv"))
     with pytest.raises(Exception, match="QGemmAdd node 'gemm' refused: v_multiplier must be a single value"):
+        ort_run(model, feeds)
+    model, feeds = qgemm_add_model(c, res, (2, 3, 5), post=np.zeros(7, np.uint8))
+    with pytest.raises(Exception, match="QGemmAddTable node 'gemm' refused: the table after the sum must be"):
         ort_run(model, feeds)
 
 

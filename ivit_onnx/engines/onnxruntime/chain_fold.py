@@ -12,6 +12,11 @@ normative definition) over every possible value. The library's fused ops (domain
 * ``RequantizeShiftmax(x, zx, b, c, zy, table, y_zero_point)``: the Shiftmax of those looked-up values, in
   the same pass over each row.
 
+A head whose outputs are too many to tabulate (the converter's upscale to int32 before a GELU, after an
+IAdd in onnxruntime ``quantize_static`` models) but whose input is 8- or 16-bit is tabulated over its input
+instead: the RequantizeTable then has an identity Requantize (``x`` over its type's range) and the table is
+the head and its chain applied to every value of that type.
+
 Exact by construction: a table entry is the reference chain applied to that input. Folded: a Requantize
 with constant parameters and at most :data:`MAX_TABLE` outputs, then one consumer at a time (no graph
 outputs, nothing in ``keep``) that is a Requantize, ShiftGELU or IBertGELU with constant per-tensor
@@ -94,6 +99,21 @@ def _table(gr: _Graph, head: onnx.NodeProto, chain: list[onnx.NodeProto]) -> np.
     return values.reshape(-1)
 
 
+def _input_table(gr: _Graph, head: onnx.NodeProto, types: dict) -> np.ndarray | None:
+    """Every value of ``head``'s input type, where that type is 8- or 16-bit (its zero point's, and the
+    graph's declared type where it has one) and the head is per tensor; else None."""
+    if gr.params(head, (1, 2, 3, 4), True) is None:
+        return None
+    dt = gr.consts[head.input[1]].dtype
+    declared = types.get(head.input[0])
+    if dt not in (np.int8, np.uint8, np.int16, np.uint16) or (
+        declared and declared != helper.np_dtype_to_tensor_dtype(dt)
+    ):
+        return None
+    info = np.iinfo(dt)
+    return np.arange(info.min, info.max + 1).astype(dt)
+
+
 def fold_chains(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with every eligible chain folded; returns it and how many were folded.
 
@@ -103,21 +123,41 @@ def fold_chains(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelPro
     out.CopyFrom(model)
     g = out.graph
     gr = _Graph(g, keep)
+    types = {v.name: v.type.tensor_type.elem_type for v in (*g.value_info, *g.input, *g.output)}
     dead: set[int] = set()
     replace: dict[int, onnx.NodeProto] = {}
     for head in g.node:
         if head.domain != DOMAIN or head.op_type != "Requantize" or id(head) in dead or len(head.input) != 5:
             continue
         a = _attrs(head)
-        if gr.params(head, (1, 2, 3, 4), False) is None or not 0 < a["qmax"] - a["qmin"] + 1 <= MAX_TABLE:
+        if gr.params(head, (1, 2, 3, 4), False) is None:
             continue
         chain, softmax = _chain(gr, head)
+        name = f"{head.name or head.output[0]}_chain_table"
+        if not 0 < a["qmax"] - a["qmin"] + 1 <= MAX_TABLE:  # too many outputs: over the input, if it can
+            values = _input_table(gr, head, types) if chain else None
+            if values is None:
+                continue
+            for node in (head, *chain):
+                values = OPS[node.op_type].run(
+                    values, *gr.params(node, ELEMENTWISE[node.op_type], True), **_attrs(node)
+                )
+            dt = gr.consts[head.input[1]].dtype
+            info = np.iinfo(dt)
+            ident = {"_zx": np.zeros((), dt), "_b": np.int64(1), "_c": np.int64(0), "_zy": np.zeros((), dt)}
+            g.initializer.extend(numpy_helper.from_array(np.asarray(v), name + k) for k, v in ident.items())
+            g.initializer.append(numpy_helper.from_array(values.reshape(-1), name))
+            replace[id(head)] = helper.make_node(
+                "RequantizeTable", [head.input[0], *(name + k for k in ident), name], [chain[-1].output[0]],
+                name=f"{head.name}_fused", domain=FUSED_DOMAIN, qmin=int(info.min), qmax=int(info.max),
+            )
+            dead.update(id(n) for n in chain)
+            continue
         if softmax is not None and gr.params(head, (1, 2, 3, 4), True) is None:
             softmax = None  # the fused Shiftmax takes a per-tensor Requantize only
         if not chain and softmax is None:
             continue
         table = _table(gr, head, chain)
-        name = f"{head.name or head.output[0]}_chain_table"
         if softmax is not None:
             g.initializer.append(numpy_helper.from_array(table.astype(np.int32), name))
             last, op = softmax, "RequantizeShiftmax"

@@ -24,7 +24,7 @@ from .chain_fold import fold_chains
 from .head_views import head_views, static_shapes
 from .patch_gemm import patch_gemm
 from .qgemm_fold import fast_path, fold_qgemm
-from .resid_fold import fold_residuals
+from .resid_fold import POST, fold_residuals
 from .u8_gemm import own_uint8_weights, recode, uint8_copies
 
 ENGINE_KEY = "ivit.engine"
@@ -67,6 +67,8 @@ class Compiled:
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
         done += [f"{c['qgemm']} GEMM + Requantize pairs as the library's QGemm"] if c.get("qgemm") else []
         done += [f"{c['resid_fold']} IAdds in the QGemm epilogue"] if c.get("resid_fold") else []
+        done += [f"{c['post_table']} tabulated chains after those IAdds in the same epilogue"] if c.get(
+            "post_table") else []
         done += [f"{c['qbatch']} activation GEMMs (attention) as the library's QBatchMatMul"] if c.get(
             "qbatch") else []
         done += [f"{c['head_views']} attention head splits and merges read in place"] if c.get(
@@ -118,6 +120,7 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
         if resid:
             out, counts["resid_fold"] = fold_residuals(out, keep=set(keep))
+            counts["post_table"] = sum(n.op_type in POST.values() for n in out.graph.node)
         if qbatch:
             out, counts["qbatch"] = fold_attention(out, keep=set(keep))
             out, counts["head_views"] = head_views(out, keep=set(keep), shapes=static_shapes(model))

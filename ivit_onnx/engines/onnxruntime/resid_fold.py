@@ -9,20 +9,28 @@ whose zero points, multipliers and shift (0..62) are constant single values, v's
 other addend r a constant along the last axis (1 or N values), or an int8/uint8/int16/int32 activation of the
 zero point's type whose known shape, leading 1s dropped, ends v's (so the sum has v's shape); the GEMM's
 output read by nothing else (graph outputs and ``keep`` stay). Runs after :mod:`.qgemm_fold`.
+
+A RequantizeTable (:mod:`.chain_fold`'s) that alone reads the sum goes into the same epilogue, as a table
+over the sum's values (at most 65536): QGemmAddTable / QGemmTableAddTable. In ``quantize_static`` models
+that is the GELU after fc1's bias IAdd, which chain_fold tabulates over its 8-bit input.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
-from ivit_onnx.opset import DOMAIN
+from ivit_onnx.opset import DOMAIN, OPS
 
+from .chain_fold import FUSED_DOMAIN
 from .qgemm_fold import ENGINE_DOMAIN, _Graph, apply, declared
 
-#: the fused op of each GEMM form
+#: the fused op of each GEMM form, and of each fused one with a table after the sum
 FUSED = {"QGemm": "QGemmAdd", "QGemmTable": "QGemmTableAdd"}
+POST = {"QGemmAdd": "QGemmAddTable", "QGemmTableAdd": "QGemmTableAddTable"}
+#: most entries of the table after the sum (the library's bound)
+MAX_POST = 1 << 16
 #: the residual types the stage reads
 TYPES = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.int32)}
 
@@ -84,6 +92,37 @@ def _fused(gr: _Graph, gemm: onnx.NodeProto, info: dict) -> onnx.NodeProto | Non
                             domain=ENGINE_DOMAIN, **attrs)
 
 
+def _post(gr: _Graph, fused: onnx.NodeProto, g: onnx.GraphProto):
+    """``(fused node with the table after its sum, the RequantizeTable it absorbs)`` where one alone reads
+    the sum with constant per-tensor parameters, else None. The table: that RequantizeTable's reference
+    output for every sum in add_qmin..add_qmax."""
+    out = fused.output[0]
+    if not gr.only_use(out):
+        return None
+    table, at = gr.uses[out][0]
+    if table.domain != FUSED_DOMAIN or table.op_type != "RequantizeTable" or at != 0 or len(table.input) != 6:
+        return None
+    params = [gr.const(table, i) for i in range(1, 6)]
+    zy_sum = gr.consts.get(fused.input[-1])
+    if any(p is None for p in params) or any(p.size != 1 for p in params[:4]) or zy_sum is None:
+        return None
+    attrs = {a.name: a.i for a in fused.attribute}
+    lo, hi = attrs["add_qmin"], attrs["add_qmax"]
+    if not 0 < hi - lo + 1 <= MAX_POST:
+        return None
+    zx, b, c, zy, entries = params
+    t = {a.name: a.i for a in table.attribute}
+    if entries.ndim != 1 or entries.size != t["qmax"] - t["qmin"] + 1:
+        return None
+    sums = np.arange(lo, hi + 1).astype(zy_sum.dtype)
+    index = OPS["Requantize"].run(sums, zx, b, c, zy, qmin=t["qmin"], qmax=t["qmax"]).astype(np.int64)
+    name = f"{fused.name}_post_table"
+    g.initializer.append(numpy_helper.from_array(entries[index - t["qmin"]], name))
+    node = helper.make_node(POST[fused.op_type], [*fused.input, name], [table.output[0]], name=fused.name,
+                            domain=ENGINE_DOMAIN, **attrs)
+    return node, table
+
+
 def fold_residuals(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with the IAdd after each QGemm (QGemmTable) in its epilogue where it can be;
     returns it and how many were fused."""
@@ -100,9 +139,13 @@ def fold_residuals(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.Model
         fused = _fused(gr, gemm, info)
         if fused is None or id(gr.uses[gemm.output[0]][0][0]) in replace:  # an IAdd of two QGemms: the first
             continue
+        post = _post(gr, fused, g)
+        if post is not None:
+            fused = post[0]
+            dead.add(id(post[1]))
         replace[id(gr.uses[gemm.output[0]][0][0])] = fused
         dead.add(id(gemm))
     return out, apply(out, replace, dead)
 
 
-__all__ = ["fold_residuals"]
+__all__ = ["POST", "fold_residuals"]
