@@ -601,67 +601,141 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
 
 IVIT_T_AVX2 inline __m256i ld(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// the residual stage's constants, as add4 takes them
+// clip(t, lo, hi) on int64 lanes (AVX2 has no 64-bit min / max)
+IVIT_T_AVX2 inline __m256i clip64(__m256i t, __m256i lo, __m256i hi) {
+  t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
+  return _mm256_blendv_epi8(t, lo, _mm256_cmpgt_epi64(lo, t));
+}
+
+// p[n..n+8) (one int64 per column) as the even columns' 4 and the odd columns' 4
+struct Pair4 {
+  __m256i e, o;
+};
+IVIT_T_AVX2 inline Pair4 split4(const i64* p) {
+  const __m256i a = ld(p), b = ld(p + 4);  // unpack: c0 c4 c2 c6 / c1 c5 c3 c7, then lanes 0 2 1 3
+  return {_mm256_permute4x64_epi64(_mm256_unpacklo_epi64(a, b), 0xD8),
+          _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(a, b), 0xD8)};
+}
+
+// even / odd int64 lanes, each holding an int32's value, as 8 int32 lanes in column order
+IVIT_T_AVX2 inline __m256i join8(__m256i e, __m256i o) {
+  return _mm256_blend_epi32(e, _mm256_slli_epi64(o, 32), 0xAA);
+}
+
+// the `cols` (<= 8) values at r of type `code`, as int32 lanes (a short tail through a copy: no read past r)
+IVIT_T_AVX2 inline __m256i load8(const void* r, int code, i64 cols) {
+  alignas(32) int32_t v[8] = {};
+  if (cols == 8) {
+    switch (code) {
+      case I8: return _mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(r)));
+      case U8: return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(r)));
+      case I16: return _mm256_cvtepi16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(r)));
+      default: return ld(r);
+    }
+  }
+  for (i64 j = 0; j < cols; ++j) {
+    switch (code) {
+      case I8: v[j] = static_cast<const int8_t*>(r)[j]; break;
+      case U8: v[j] = static_cast<const uint8_t*>(r)[j]; break;
+      case I16: v[j] = static_cast<const int16_t*>(r)[j]; break;
+      default: v[j] = static_cast<const int32_t*>(r)[j]; break;
+    }
+  }
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
+}
+
+// the first `cols` (<= 8) of 8 int32 lanes v to y as TO (truncating, as the scalar cast)
+template <class TO>
+IVIT_T_AVX2 inline void store8(__m256i v, TO* y, i64 cols) {
+  __m128i w;
+  if constexpr (sizeof(TO) == 4) {
+    if (cols == 8) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), v);
+  }
+  if constexpr (sizeof(TO) == 1) {  // byte 0 of each lane
+    const __m256i b = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                              -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                              -1, -1, -1, -1));
+    w = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1)));
+    if (cols == 8) return _mm_storel_epi64(reinterpret_cast<__m128i*>(y), w);
+  } else if constexpr (sizeof(TO) == 2) {  // bytes 0, 1 of each lane
+    const __m256i b = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1,
+                                                              -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1,
+                                                              -1, -1, -1, -1));
+    w = _mm256_castsi256_si128(_mm256_permute4x64_epi64(b, 0x08));
+    if (cols == 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(y), w);
+  }
+  alignas(32) TO t[32 / sizeof(TO)];
+  if constexpr (sizeof(TO) == 4) _mm256_store_si256(reinterpret_cast<__m256i*>(t), v);
+  else _mm_store_si128(reinterpret_cast<__m128i*>(t), w);
+  for (i64 j = 0; j < cols; ++j) y[j] = t[j];
+}
+
+// the residual stage's constants
 struct AddAvx2 {
   __m256i mvl, mvh, mrl, mrh, zs, lo, hi;
   __m128i c;
 };
-IVIT_T_AVX2 inline AddAvx2 add_consts(const QGemm& g) {
-  return {_mm256_set1_epi64x(g.mv_lo), _mm256_set1_epi64x(g.mv_hi), _mm256_set1_epi64x(g.mr_lo),
-          _mm256_set1_epi64x(g.mr_hi), _mm256_set1_epi64x(g.azs),  _mm256_set1_epi64x(g.alo),
-          _mm256_set1_epi64x(g.ahi),   _mm_cvtsi64_si128(g.ac)};
-}
 
-// the residual stage on 4 int64 lanes v (inside v's type) of the columns n..n+4, r the residual's values
-// (activations) or null: add16's arithmetic, the clip on int64
-IVIT_T_AVX2 inline __m256i add4(const QGemm& g, const AddAvx2& k, __m256i v, const int32_t* r, i64 n) {
-  __m256i t = _mm256_add_epi64(_mm256_mul_epi32(v, k.mvl), ld(&g.vr_off[n]));
-  __m256i wide = _mm256_mul_epi32(v, k.mvh);
-  if (r) {
-    const __m256i rr = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(r)));
-    t = _mm256_add_epi64(t, _mm256_mul_epi32(rr, k.mrl));
-    wide = _mm256_add_epi64(wide, _mm256_mul_epi32(rr, k.mrh));
+// the residual stage on v and r (int32 values in the int64 lanes' low halves; r: the residual, for an
+// activation), off: its per-column offsets there
+IVIT_T_AVX2 inline __m256i stage_avx2(const QGemm& g, const AddAvx2& k, __m256i v, __m256i r, __m256i off) {
+  __m256i t = _mm256_add_epi64(_mm256_mul_epi32(v, k.mvl), off);
+  __m256i w = _mm256_mul_epi32(v, k.mvh);
+  if (g.add_act) {
+    t = _mm256_add_epi64(t, _mm256_mul_epi32(r, k.mrl));
+    w = _mm256_add_epi64(w, _mm256_mul_epi32(r, k.mrh));
   }
-  if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(wide, 31));
-  t = _mm256_add_epi64(_mm256_srl_epi64(t, k.c), k.zs);
-  t = _mm256_blendv_epi8(t, k.hi, _mm256_cmpgt_epi64(t, k.hi));
-  return _mm256_blendv_epi8(t, k.lo, _mm256_cmpgt_epi64(k.lo, t));
+  if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(w, 31));
+  return clip64(_mm256_add_epi64(_mm256_srl_epi64(t, k.c), k.zs), k.lo, k.hi);
 }
 
-// v[0..cols) clipped to qmin..qmax; `direct` (the residual stage without a table): the stage's sums instead,
-// v going into it from the int64 lanes (r: the residual's values there, or null)
-IVIT_T_AVX2 void rescale_avx2(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, int32_t* v,
-                              bool direct = false, const int32_t* r = nullptr) {
-  const AddAvx2 k = direct ? add_consts(g) : AddAvx2{};
-  const __m256i rs = _mm256_set1_epi32(rowsum);
+// The AVX2 path's epilogue of a whole tile, as epilogue_tile_avx512's: 8 columns at a time with their
+// constants held across the rows, even / odd columns in int64 lanes (vpmuldq reads a lane's low half), the
+// clips by compare and blend; the residual stage multiplies by m = hi * 2**31 + lo as two signed 32 x 32-bit
+// products where a multiplier is past int32 (add_wide), exact mod 2**64; tables by vpgatherdd.
+template <class TO>
+IVIT_T_AVX2 void epilogue_tile_avx2(const QGemm& g, const int32_t* tile, i64 nr, const int32_t* rowsum, i64 m0,
+                                    i64 rows, i64 n0, i64 cols, const Resid& res, TO* y, i64 ldy) {
   const __m256i lo = _mm256_set1_epi64x(g.qmin), hi = _mm256_set1_epi64x(g.qmax);
-  const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  const __m256i qmin = _mm256_set1_epi32(static_cast<int32_t>(g.qmin));
+  const __m256i alo32 = _mm256_set1_epi32(static_cast<int32_t>(g.alo));
+  const __m256i mvl = _mm256_set1_epi64x(g.mv_lo), mvh = _mm256_set1_epi64x(g.mv_hi);
+  const __m256i mrl = _mm256_set1_epi64x(g.mr_lo), mrh = _mm256_set1_epi64x(g.mr_hi);
+  const __m256i azs = _mm256_set1_epi64x(g.azs), alo = _mm256_set1_epi64x(g.alo), ahi = _mm256_set1_epi64x(g.ahi);
+  const __m128i ac = _mm_cvtsi64_si128(g.ac);
+  const bool tab = !g.table.empty();
+  const i64 rsize = g.r_code == I16 ? 2 : (g.r_code == I32 ? 4 : 1);
+  const AddAvx2 k{mvl, mvh, mrl, mrh, azs, alo, ahi, ac};
   for (i64 j = 0; j < cols; j += 8) {
-    const i64 n = n0 + j;
-    const __m256i acc = _mm256_sub_epi32(_mm256_sub_epi32(ld(dot + j), _mm256_mullo_epi32(ld(&g.zb[n]), rs)),
-                                         ld(&g.corr[n]));
-    for (int half = 0; half < 2; ++half) {
-      const i64 m = n + 4 * half;
-      const __m256i a = _mm256_cvtepi32_epi64(half ? _mm256_extracti128_si256(acc, 1) : _mm256_castsi256_si128(acc));
-      __m256i t = _mm256_add_epi64(_mm256_mul_epi32(a, ld(&g.mult[m])), ld(&g.off[m]));
-      t = _mm256_add_epi64(_mm256_srlv_epi64(t, ld(&g.shift[m])), ld(&g.zs[m]));
-      t = _mm256_blendv_epi8(t, hi, _mm256_cmpgt_epi64(t, hi));
-      t = _mm256_blendv_epi8(t, lo, _mm256_cmpgt_epi64(lo, t));
-      if (direct) t = add4(g, k, t, r ? r + j + 4 * half : nullptr, m);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(v + j + 4 * half),
-                       _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(t, low)));
+    const i64 n = n0 + j, left = std::min<i64>(8, cols - j);
+    const __m256i corr = ld(&g.corr[n]), zb = ld(&g.zb[n]);
+    const Pair4 mult = split4(&g.mult[n]), off = split4(&g.off[n]), sh = split4(&g.shift[n]), zs = split4(&g.zs[n]);
+    const Pair4 roff = g.has_add ? split4(&g.vr_off[n]) : off;
+    for (i64 r = 0; r < rows; ++r) {
+      __m256i acc = _mm256_sub_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(tile + r * nr + j)), corr);
+      if (!g.zb_zero) acc = _mm256_sub_epi32(acc, _mm256_mullo_epi32(zb, _mm256_set1_epi32(rowsum[r])));
+      __m256i e = _mm256_add_epi64(_mm256_mul_epi32(acc, mult.e), off.e);
+      __m256i o = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(acc, 32), mult.o), off.o);
+      e = clip64(_mm256_add_epi64(_mm256_srlv_epi64(e, sh.e), zs.e), lo, hi);
+      o = clip64(_mm256_add_epi64(_mm256_srlv_epi64(o, sh.o), zs.o), lo, hi);
+      __m256i v = join8(e, o);
+      if (tab) v = _mm256_i32gather_epi32(g.table.data(), _mm256_sub_epi32(v, qmin), 4);
+      TO* yr = y + r * ldy + j;
+      if (!g.has_add) {
+        store8(v, yr, left);
+        continue;
+      }
+      __m256i rv = _mm256_setzero_si256();
+      if (g.add_act) {
+        const i64 m = m0 + r, at = (m < res.rows ? m : m % res.rows) * g.n + n;
+        rv = load8(static_cast<const char*>(res.r) + at * rsize, g.r_code, left);
+      }
+      e = stage_avx2(g, k, v, rv, roff.e);
+      o = stage_avx2(g, k, _mm256_srli_epi64(v, 32), _mm256_srli_epi64(rv, 32), roff.o);
+      v = join8(e, o);
+      if (!g.post.empty()) v = _mm256_i32gather_epi32(g.post.data(), _mm256_sub_epi32(v, alo32), 4);
+      store8(v, yr, left);
     }
-  }
-}
-
-// the residual stage on v[0..cols) in place (cols a multiple of 4; v inside its type: the table's entries)
-IVIT_T_AVX2 void add_avx2(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
-  const AddAvx2 k = add_consts(g);
-  const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-  for (i64 j = 0; j < cols; j += 4) {
-    const __m256i vv = _mm256_cvtepi32_epi64(_mm_load_si128(reinterpret_cast<const __m128i*>(v + j)));
-    const __m256i t = add4(g, k, vv, r ? r + j : nullptr, n0 + j);
-    _mm_store_si128(reinterpret_cast<__m128i*>(v + j), _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(t, low)));
   }
 }
 #endif
@@ -714,50 +788,26 @@ void add_neon(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
 }
 #endif
 
-// epilogue through the vector rescale: v, then the cast (or the table), which the compiler vectorizes; with
-// the residual stage, the table, then the vector stage, then the cast
+#if IVIT_QGEMM_ARM
+// epilogue through the NEON rescale: v, then the cast (or the table), which the compiler vectorizes; with the
+// residual stage, the table, then the vector stage, then the cast (and the table after it)
 template <class TO>
 void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 cols, const int32_t* rv,
                    TO* __restrict y) {
   alignas(64) int32_t v[48];
-  auto sums = [&] {  // v: the residual stage's sums, through the table after it if any
-    if (g.post.empty()) {
-      for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
-    } else {
-      const int32_t* post = g.post.data() - g.alo;
-      for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(post[v[j]]);
-    }
-  };
-#if IVIT_QGEMM_X86
-  if (g.has_add && g.table.empty()) {  // the residual stage inside the rescale
-    rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v, true, rv);
-    return sums();
-  }
-  rescale_avx2(g, dot, rowsum, n0, g.lay.nr, v);
-#endif
-#if IVIT_QGEMM_ARM
   rescale_neon(g, dot, rowsum, n0, g.lay.nr, v);
-#endif
-  if (g.has_add) {
-    if (!g.table.empty()) {
-      const int32_t* tab = g.table.data() - g.qmin;
-      for (i64 j = 0; j < g.lay.nr; ++j) v[j] = tab[v[j]];
-    }
-#if IVIT_QGEMM_X86
-    add_avx2(g, v, rv, n0, g.lay.nr);
-#endif
-#if IVIT_QGEMM_ARM
-    add_neon(g, v, rv, n0, g.lay.nr);
-#endif
-    return sums();
+  const int32_t* tab = g.table.empty() ? nullptr : g.table.data() - g.qmin;
+  if (!g.has_add) {
+    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(tab ? tab[v[j]] : v[j]);
+    return;
   }
-  if (g.table.empty()) {
-    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(v[j]);
-  } else {
-    const int32_t* tab = g.table.data() - g.qmin;
-    for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(tab[v[j]]);
-  }
+  if (tab)
+    for (i64 j = 0; j < g.lay.nr; ++j) v[j] = tab[v[j]];
+  add_neon(g, v, rv, n0, g.lay.nr);
+  const int32_t* post = g.post.empty() ? nullptr : g.post.data() - g.alo;
+  for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(post ? post[v[j]] : v[j]);
 }
+#endif
 
 // the residual activation's values at row m, columns n0..n0+cols, as int32 (zeros up to lay.nr)
 template <class T>
@@ -783,10 +833,10 @@ void epilogue_row(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 m, i64
     }
     r = rv;
   }
-  if (g.fast)
-    epilogue_fast(g, dot, rowsum, n0, cols, r, y);
-  else
-    epilogue(g, dot, rowsum, n0, cols, r, y);
+#if IVIT_QGEMM_ARM
+  if (g.fast) return epilogue_fast(g, dot, rowsum, n0, cols, r, y);
+#endif
+  epilogue(g, dot, rowsum, n0, cols, r, y);
 }
 
 // y[r][j] = acc of row r, column n0 + j (the identity epilogue: the top's acc, mod 2**32, no rescale)
@@ -921,8 +971,11 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t
       }
     }
 #if IVIT_QGEMM_X86
-    if (g.isa == VNNI && g.fast) {
-      epilogue_tile_avx512(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, y + m0 * ldy + n0, ldy);
+    if (g.fast && (g.isa == VNNI || g.isa == AVX2)) {
+      if (g.isa == VNNI)
+        epilogue_tile_avx512(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, y + m0 * ldy + n0, ldy);
+      else
+        epilogue_tile_avx2(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, y + m0 * ldy + n0, ldy);
       continue;
     }
 #endif

@@ -290,6 +290,7 @@ def test_on_an_emulated_haswell():
             "assert 'avx2 exact' in out and 'vnni' not in out, out\n"
             "t.test_residual_paths_bit_exact('avx2', np.uint8, True)\n"
             "t.test_residual_table_wide_and_output_types('avx2')\n"
+            "t.test_table_after_the_sum('avx2')\n"
             "print('PASS', out)\n")
     done = haswell(code, timeout=600, cwd=str(ROOT))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
