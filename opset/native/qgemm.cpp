@@ -1406,6 +1406,41 @@ void repack_b(T* dst, const uint8_t* b, i64 k, i64 n, i64 kp, i64 nr, i64 ldk, i
     for (i64 k0 = 0; k0 < k; k0 += KS) {
       const i64 ks = std::min<i64>(KS, k - k0);
       T* __restrict d = tile + k0 * nr;
+      if constexpr (KS == 4 && sizeof(T) == 1) {  // 4 bytes a column: as 32-bit words
+        if (ldk == 1 && ks == KS) {
+          const uint32_t f4 = f * 0x01010101u;
+          for (i64 jj = 0; jj < cols; ++jj) {
+            uint32_t w;
+            std::memcpy(&w, b + (j0 + jj) * ldn + k0, 4);
+            w ^= f4;
+            std::memcpy(d + jj * KS, &w, 4);
+          }
+          continue;
+        }
+#if IVIT_QGEMM_X86
+        if (ldn == 1 && ks == KS) {  // 4 rows of 16 columns interleaved by bytes, then by pairs (SSE2)
+          const __m128i fx = _mm_set1_epi8(static_cast<char>(f));
+          const uint8_t* r0 = b + k0 * ldk + j0;
+          i64 jj = 0;
+          for (; jj + 16 <= cols; jj += 16) {
+            auto row = [&](int s) {
+              return _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + s * ldk + jj)), fx);
+            };
+            const __m128i a0 = row(0), a1 = row(1), a2 = row(2), a3 = row(3);
+            const __m128i l01 = _mm_unpacklo_epi8(a0, a1), h01 = _mm_unpackhi_epi8(a0, a1);
+            const __m128i l23 = _mm_unpacklo_epi8(a2, a3), h23 = _mm_unpackhi_epi8(a2, a3);
+            __m128i* out = reinterpret_cast<__m128i*>(d + jj * KS);
+            _mm_storeu_si128(out, _mm_unpacklo_epi16(l01, l23));
+            _mm_storeu_si128(out + 1, _mm_unpackhi_epi16(l01, l23));
+            _mm_storeu_si128(out + 2, _mm_unpacklo_epi16(h01, h23));
+            _mm_storeu_si128(out + 3, _mm_unpackhi_epi16(h01, h23));
+          }
+          for (; jj < cols; ++jj)
+            for (int s = 0; s < KS; ++s) d[jj * KS + s] = static_cast<int8_t>(r0[s * ldk + jj] ^ f);
+          continue;
+        }
+#endif
+      }
       if (ldk == 1 && ks == KS) {
         for (i64 jj = 0; jj < cols; ++jj) {
           const uint8_t* __restrict src = b + (j0 + jj) * ldn + k0;
