@@ -507,6 +507,14 @@ IVIT_CLONES void softmax_out(const i64* __restrict e, TO* __restrict y, i64 len,
   for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(((e[j] * f) >> sh) + zy);
 }
 
+// softmax_out through a table over its values: y = post[(e * f) >> sh] (the value less zy: 0..2**bits), for a
+// Requantize after the Shiftmax tabulated by chain_fold (post null: softmax_out itself)
+template <class TO>
+void softmax_post(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, i64 sh, i64 zy, const int32_t* post) {
+  if (!post) return softmax_out(e, y, len, f, sh, zy);
+  for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(post[(e[j] * f) >> sh]);
+}
+
 // d = x * scale - mean over a row, and the sum of norm(d): d * d (ILayerNorm) or |d| (L1LayerNorm)
 template <class TI, class Norm>
 IVIT_CLONES i64 centre(const TI* __restrict x, i64* __restrict d, i64 len, i64 scale, i64 mean, Norm norm) {
@@ -590,7 +598,8 @@ int rescale_each(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64*
 // Shiftmax over rows of `len`: load(r, buf) points at row r's values (any integer type; it may fill buf,
 // `len` int64s, and point there); every x - max(row) lies in [-span, 0].
 template <class TO, class Load>
-void shiftmax_rows(i64 rows, i64 len, i64 span, i64 x0, i64 n, i64 bits, i64 zy, TO* y, int threads, Load load) {
+void shiftmax_rows(i64 rows, i64 len, i64 span, i64 x0, i64 n, i64 bits, i64 zy, TO* y, int threads, Load load,
+                   const int32_t* post = nullptr) {
   const Exp exp(x0, n);
   const i64 sh = 62 - bits;
   // exps from a table where one pays for itself, else directly (branch-free where exact: it vectorizes)
@@ -611,7 +620,7 @@ void shiftmax_rows(i64 rows, i64 len, i64 span, i64 x0, i64 n, i64 bits, i64 zy,
         sum = softmax_exps(xr, e.data(), len, mx, [exp](i64 a) { return exp.fast(a); });
       else
         sum = softmax_exps(xr, e.data(), len, mx, [&exp](i64 a) { return exp(-a); });
-      softmax_out(e.data(), y + r * len, len, floor_div(RECIP_M, sum), sh, zy);
+      softmax_post(e.data(), y + r * len, len, floor_div(RECIP_M, sum), sh, zy, post);
     }
   });
 }
@@ -976,7 +985,9 @@ i64 softmax_out_neon(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, 
 // softmax_out of one row, through the explicit vector loop where `vector` (rows_vector() and the caller's
 // preconditions) and the shift allow
 template <class TO>
-void softmax_row_out(const i64* e, TO* yr, i64 len, i64 f, i64 sh, i64 y_zp, [[maybe_unused]] bool vector) {
+void softmax_row_out(const i64* e, TO* yr, i64 len, i64 f, i64 sh, i64 y_zp, [[maybe_unused]] bool vector,
+                     const int32_t* post = nullptr) {
+  if (post) return softmax_post(e, yr, len, f, sh, y_zp, post);
   i64 done = 0;
   if (vector && sh >= 0 && sh <= 63) {
 #if IVIT_AVX2_PATH
@@ -1210,6 +1221,14 @@ int ivit_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x0, i64 
 int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i64 b, i64 c, i64 zy, i64 qmin,
                              i64 qmax, const int32_t* table, i64 y_zp, i64 x0, i64 n, i64 bits, void* y, int to,
                              int threads) {
+  return ivit_requantize_shiftmax_table(x, ti, rows, len, zx, b, c, zy, qmin, qmax, table, y_zp, x0, n, bits, y, to,
+                                        threads, nullptr);
+}
+
+// The same, then post[value - y_zp] (2**bits + 1 entries of the output's type) for a Requantize after it
+int ivit_requantize_shiftmax_table(const void* x, int ti, i64 rows, i64 len, i64 zx, i64 b, i64 c, i64 zy,
+                                   i64 qmin, i64 qmax, const int32_t* table, i64 y_zp, i64 x0, i64 n, i64 bits,
+                                   void* y, int to, int threads, const int32_t* post) {
   const i64 nq = qmax - qmin + 1, h = ((i64(1) << c) >> 1) - zx * b;
   const Rescale index{zy - qmin, 0, nq - 1};  // the table index, clip(...) - qmin
   const FastRescale fast_v(&b, &h, &c, 1, zy), fast_k(&b, &h, &c, 1, index.zy);  // AVX2: values, indices
@@ -1242,7 +1261,7 @@ int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i
         rescale_lookup(xs + r * len, buf, len, Identity{}, &b, &h, &c, 0, Rescale{zy, qmin, qmax}, table,
                        fast_v.at(0));
         return static_cast<const i64*>(buf);
-      });
+      }, post);
       return;
     }
     const i64 sh = 62 - bits;
@@ -1264,7 +1283,7 @@ int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i
           }
           if (done < len) km = index_max(xr + done, k.data() + done, len - done, b, h, c, index, km);
           const i64 sum = gather_sum(k.data(), e.data(), len, e_row(km));
-          softmax_row_out(e.data(), yr, len, floor_div(RECIP_M, sum), sh, y_zp, vec.on);
+          softmax_row_out(e.data(), yr, len, floor_div(RECIP_M, sum), sh, y_zp, vec.on, post);
         }
       });
       return;
@@ -1277,7 +1296,7 @@ int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i
         i64 lo, km;
         min_max(k.data(), len, lo, km);
         const i64 sum = gather_sum(k.data(), e.data(), len, e_row(km));
-        softmax_out(e.data(), ys + r * len, len, floor_div(RECIP_M, sum), sh, y_zp);
+        softmax_post(e.data(), ys + r * len, len, floor_div(RECIP_M, sum), sh, y_zp, post);
       }
     });
   }) ? 0 : 1;
@@ -1370,9 +1389,10 @@ int ivit_log_int_softmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x
 
 // The Shiftmax rows of ivit_requantize_shiftmax's sorted path, from the table's indices k (bytes, rows x len):
 // e = E[max k][k] (e_rows: nq x nq, row km set for k <= km), y = (e * floor_div(RECIP_M, sum(e)) >> (62 -
-// bits)) + y_zp. For QBatchMatMulShiftmax (qbatch_op.cpp), whose GEMM epilogue writes the indices.
+// bits)) + y_zp, or post[that - y_zp] where post is not null. For QBatchMatMulShiftmax (qbatch_op.cpp), whose
+// GEMM epilogue writes the indices.
 int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const int64_t* e_rows, int64_t nq,
-                             int64_t y_zp, int64_t bits, void* y, int to) {
+                             int64_t y_zp, int64_t bits, void* y, int to, const int32_t* post) {
   return with_types(1, to, [&](auto, auto to_) {
     using TO = decltype(to_);
     std::vector<i64> e(len);
@@ -1385,7 +1405,7 @@ int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const 
       i64 sum = 0;
       for (i64 j = 0; j < len; ++j) sum += ev[j] = row[kr[j]];
       softmax_row_out(ev, static_cast<TO*>(y) + r * len, len, floor_div(RECIP_M, sum), 62 - bits, y_zp,
-                      rows_vector());
+                      rows_vector(), post);
     }
   }) ? 0 : 1;
 }

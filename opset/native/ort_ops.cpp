@@ -68,7 +68,7 @@ void check(ort::Status* s) {
 // of the output type; an int32 lookup table
 enum Port { INT, I64, OUT, TABLE_OUT, TABLE_I32 };
 enum Op {
-  REQUANTIZE, IADD, SHIFTMAX, SHIFTGELU, ILAYERNORM, REQUANTIZE_TABLE, REQUANTIZE_SHIFTMAX,
+  REQUANTIZE, IADD, SHIFTMAX, SHIFTGELU, ILAYERNORM, REQUANTIZE_TABLE, REQUANTIZE_SHIFTMAX, REQUANTIZE_SHIFTMAX_TABLE,
   IBERT_SOFTMAX, LOG_INT_SOFTMAX, IBERTGELU, L1LAYERNORM,  // the paper's ablation alternatives (Table 2)
   IL2NORM,
 };
@@ -93,6 +93,9 @@ const OpDef OPS[] = {
     {OPSET, "ILayerNorm", ILAYERNORM, {INT, I64, I64, I64, OUT}, {"shift_in", "p", "qmin", "qmax"}},
     {FUSED, "RequantizeTable", REQUANTIZE_TABLE, {INT, INT, I64, I64, INT, TABLE_OUT}, {"qmin", "qmax"}},
     {FUSED, "RequantizeShiftmax", REQUANTIZE_SHIFTMAX, {INT, INT, I64, I64, INT, TABLE_I32, OUT},
+     {"qmin", "qmax", "x0", "n", "bits"}},
+    // the same, then a Requantize after the Shiftmax as a table over its 2**bits + 1 values (the output's type)
+    {FUSED, "RequantizeShiftmaxTable", REQUANTIZE_SHIFTMAX_TABLE, {INT, INT, I64, I64, INT, TABLE_I32, INT, TABLE_OUT},
      {"qmin", "qmax", "x0", "n", "bits"}},
     // the paper's ablation alternatives (Table 2)
     {OPSET, "IBertGELU", IBERTGELU, {INT, I64, I64, OUT}, {"clip", "coeff", "k", "qmin", "qmax"}},
@@ -496,9 +499,18 @@ void requantize_shiftmax(Call& c) {
   const i64 shift = c.in[3].at(0);
   fail_if(!scalars || shift < 0 || shift > 62, "the parameters must be scalars, the shift in 0..62");
   const i64 len = x.shape.back(), rows = len ? x.size / len : 0;
-  ivit_requantize_shiftmax(x.data, c.code(0), rows, len, c.in[1].at(0), c.in[2].at(0), shift, c.in[4].at(0), c.a(0),
-                           c.a(1), static_cast<const int32_t*>(table.data), c.in[6].at(0), c.a(2), c.a(3), c.a(4), c.y,
-                           kernel_code(c.y_elem), 0);
+  const int32_t* post = nullptr;
+  std::vector<int32_t> entries;
+  if (c.k.def->op == REQUANTIZE_SHIFTMAX_TABLE) {
+    const Tensor& p = c.in[7];
+    fail_if(p.shape.size() != 1 || p.size != (i64(1) << c.a(4)) + 1,
+            "the table after the Shiftmax must be 1-D with 2**bits + 1 entries");
+    for (i64 i = 0; i < p.size; ++i) entries.push_back(static_cast<int32_t>(p.at(i)));
+    post = entries.data();
+  }
+  ivit_requantize_shiftmax_table(x.data, c.code(0), rows, len, c.in[1].at(0), c.in[2].at(0), shift, c.in[4].at(0),
+                                 c.a(0), c.a(1), static_cast<const int32_t*>(table.data), c.in[6].at(0), c.a(2), c.a(3),
+                                 c.a(4), c.y, kernel_code(c.y_elem), 0, post);
 }
 
 void run_op(Call& c) {
@@ -509,7 +521,8 @@ void run_op(Call& c) {
     case SHIFTGELU: return shiftgelu(c);
     case ILAYERNORM: return ilayernorm(c);
     case REQUANTIZE_TABLE: return requantize_table(c);
-    case REQUANTIZE_SHIFTMAX: return requantize_shiftmax(c);
+    case REQUANTIZE_SHIFTMAX:
+    case REQUANTIZE_SHIFTMAX_TABLE: return requantize_shiftmax(c);
     case IBERTGELU: return ibertgelu(c);
     case L1LAYERNORM: return l1layernorm(c);
     case IBERT_SOFTMAX: return ibert_softmax(c);
@@ -593,6 +606,7 @@ void check_attrs(const Kernel& k) {
   switch (k.def->op) {
     case SHIFTMAX: need(0, 1, i64(1) << 52), need(1, 0, 62), need(2, 1, 30); break;
     case REQUANTIZE_SHIFTMAX: need(2, 1, i64(1) << 52), need(3, 0, 62), need(4, 1, 30); break;
+    case REQUANTIZE_SHIFTMAX_TABLE: need(2, 1, i64(1) << 52), need(3, 0, 62), need(4, 1, 16); break;
     case SHIFTGELU: need(0, 1, i64(1) << 52), need(1, 0, 62), need(2, 0, 62); break;
     case ILAYERNORM: need(0, 0, 62), need(1, 0, 61); break;
     case L1LAYERNORM: need(0, 0, 62), need(1, 0, 61); break;
@@ -804,7 +818,7 @@ __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::Sessi
     for (bool table : {false, true})
       if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
                   engine, ivit::qgemm_op(g_api, table, form > 0, form > 1));
-  for (int form = 0; form < 4; ++form)  // attention's batched GEMMs on the same kernel (qbatch_op.cpp)
+  for (int form = 0; form < 5; ++form)  // attention's batched GEMMs on the same kernel (qbatch_op.cpp)
     if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
                 engine, ivit::qbatch_op(g_api, form));
   if (!s) s = api<ort::Status*(ort::SessionOptions*, ort::CustomOpDomain*)>(ort::AddCustomOpDomain)(options, engine);

@@ -8,6 +8,8 @@
 //     Requantize to the table's index in the GEMM's epilogue (bytes: a table of at most 256 entries, non-
 //     decreasing), then each row's Shiftmax from E[max k][k] = shift_exp(table[k] - table[max k]), as
 //     kernels.cpp's ivit_requantize_shiftmax computes it (attributes x0, n, bits too; per-tensor parameters)
+//   QBatchMatMulShiftmaxTable(..., out_zero_point, post) -> post[that - out_zero_point]: a Requantize after the
+//     Shiftmax tabulated over its 2**bits + 1 values (bits <= 16), post's type the output's
 // attributes qmin, qmax (the Requantize forms), trans_b (B given as [..., N, K]: a Transpose of its last two
 // axes absorbed). A [..., M, K], B [..., K, N]: int8 or uint8, batch axes broadcast as MatMul's; zero points
 // single values; the Requantize parameters 1 or N values. Every input is read when the node runs.
@@ -45,8 +47,9 @@ namespace {
 using i64 = int64_t;
 const ort::Api* g_api = nullptr;
 
-enum Form : int { INT32 = 0, REQUANTIZE = 1, TABLE = 2, SHIFTMAX = 3 };
-const char* const NAMES[] = {"QBatchMatMul", "QBatchMatMulRequantize", "QBatchMatMulTable", "QBatchMatMulShiftmax"};
+enum Form : int { INT32 = 0, REQUANTIZE = 1, TABLE = 2, SHIFTMAX = 3, SHIFTMAX_TABLE = 4 };
+const char* const NAMES[] = {"QBatchMatMul", "QBatchMatMulRequantize", "QBatchMatMulTable", "QBatchMatMulShiftmax",
+                             "QBatchMatMulShiftmaxTable"};
 
 using Error = ivit::OrtError;  // what check and the kernel throw
 
@@ -128,7 +131,7 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
   const int form = form_of(op);
   const std::string node = ivit::ort_node_name(g_api, info);
   try {
-    const bool rq = form != INT32, sm = form == SHIFTMAX;
+    const bool rq = form != INT32, sm = form == SHIFTMAX || form == SHIFTMAX_TABLE;
     const i64 qmin = rq ? attribute(info, "qmin", INT64_MIN) : INT32_MIN;
     const i64 qmax = rq ? attribute(info, "qmax", INT64_MIN) : INT32_MAX;
     if (qmin > qmax) throw Error{"qmin must not exceed qmax"};
@@ -167,6 +170,7 @@ struct Job {
   i64 za, zb;
   std::vector<i64> zx, mult, shift;
   std::vector<int32_t> table;
+  std::vector<int32_t> post;  // QBatchMatMulShiftmaxTable's table after the Shiftmax
   i64 zy, qmin, qmax;
   int out_code;
   Cache* cache;
@@ -214,7 +218,7 @@ void run_one(void* data, size_t g) {
     std::vector<uint8_t> k(j.m * j.n);
     ivit_qgemm_run_strided(gemm, j.a + j.a_off[g], j.lda, j.m, k.data(), j.n, 1);
     ivit_index_shiftmax_rows(k.data(), j.m, j.n, j.exps->e.data(), j.exps->nq, j.sm_zy, j.sm_bits,
-                             j.y + j.y_off[g] * j.ysize, j.sm_code);
+                             j.y + j.y_off[g] * j.ysize, j.sm_code, j.post.empty() ? nullptr : j.post.data());
   } else {
     ivit_qgemm_run_strided(gemm, j.a + j.a_off[g], j.lda, j.m, j.y + j.y_off[g] * j.ysize, j.ldy, 1);
   }
@@ -335,7 +339,8 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
         for (i64 i = 0; i < t.size; ++i) j.table.push_back(static_cast<int32_t>(t.at(i)));
         out_elem = t.elem;
       }
-      if (kn.form == SHIFTMAX) {  // the GEMM writes the table's index (bytes); the rows go through ExpRows
+      if (kn.form == SHIFTMAX || kn.form == SHIFTMAX_TABLE) {  // the GEMM writes the table's index (bytes); the
+                                                               // rows go through ExpRows
         const ivit::OrtTensor t = read(input(8)), zo = read(input(9));
         if (t.elem != ort::INT32 || t.shape.size() != 1 || t.size != kn.qmax - kn.qmin + 1)
           throw Error{"the table must be 1-D int32 with qmax - qmin + 1 entries"};
@@ -347,6 +352,13 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
         mut.exps.prepare(table, kn.x0, kn.n);
         j.exps = &mut.exps, j.sm_zy = zo.at(0), j.sm_bits = kn.bits, j.sm_code = ivit::kernel_code(zo.elem);
         sm_elem = zo.elem;
+        if (kn.form == SHIFTMAX_TABLE) {
+          const ivit::OrtTensor p = read(input(10));
+          if (kn.bits > 16 || p.shape.size() != 1 || p.size != (i64(1) << kn.bits) + 1)
+            throw Error{"the table after the Shiftmax must be 1-D with 2**bits + 1 entries (bits <= 16)"};
+          for (i64 i = 0; i < p.size; ++i) j.post.push_back(static_cast<int32_t>(p.at(i)));
+          sm_elem = p.elem, j.sm_code = ivit::kernel_code(p.elem);
+        }
         j.zy -= kn.qmin, j.qmin = 0, j.qmax = kn.qmax - kn.qmin;
         out_elem = ort::UINT8;
       }
@@ -408,11 +420,11 @@ BatchOp make(int form) {
   o.GetInputType = [](const ort::CustomOp* op, size_t i) {
     static const ort::ElemType types[] = {ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED, ort::INT32,
                                           ort::INT64,     ort::INT64,     ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED};
-    return i == 8 && form_of(op) == SHIFTMAX ? ort::INT32 : types[i];
+    return i == 8 && form_of(op) >= SHIFTMAX ? ort::INT32 : (i < 10 ? types[i] : ort::UNDEFINED);
   };
   o.GetInputTypeCount = [](const ort::CustomOp* op) -> size_t {
     const int f = form_of(op);
-    return f == INT32 ? 4 : f == REQUANTIZE ? 8 : f == TABLE ? 9 : 10;
+    return f == INT32 ? 4 : f == REQUANTIZE ? 8 : f == TABLE ? 9 : f == SHIFTMAX ? 10 : 11;
   };
   o.GetInputCharacteristic = [](const ort::CustomOp*, size_t i) {
     return i == 2 || i == 3 ? ort::OPTIONAL : ort::REQUIRED;
@@ -433,7 +445,7 @@ namespace ivit {
 
 const ort::CustomOp* qbatch_op(const ort::Api* api, int form) {
   g_api = api;
-  static const BatchOp ops[4] = {make(INT32), make(REQUANTIZE), make(TABLE), make(SHIFTMAX)};
+  static const BatchOp ops[5] = {make(INT32), make(REQUANTIZE), make(TABLE), make(SHIFTMAX), make(SHIFTMAX_TABLE)};
   return &ops[form].base;
 }
 

@@ -133,10 +133,12 @@ def test_left_alone():
     assert fold_attention(model)[1] == 0
 
 
-def softmax_model(rng, up: int, length: int = 37) -> tuple[onnx.ModelProto, dict]:
+def softmax_model(rng, up: int, length: int = 37, bits: int = 8,
+                  after: bool = False) -> tuple[onnx.ModelProto, dict]:
     """``MatMulInteger(q, kᵀ) -> Requantize (int8) -> Requantize (× up, int32) -> Shiftmax -> p``: the
     converter's attention scores, which chain_fold turns into RequantizeShiftmax (its table decreasing where
-    ``up`` < 0)."""
+    ``up`` < 0); ``after``: a Shiftmax of ``bits`` to int32, then a Requantize to uint8, as the converter
+    writes ``quantize_static``'s (chain_fold: RequantizeShiftmaxTable)."""
     from ivit_onnx.opset.functions import attach_functions
     from tests.opset.oneop import shiftmax_params
 
@@ -153,8 +155,15 @@ def softmax_model(rng, up: int, length: int = 37) -> tuple[onnx.ModelProto, dict
         OPS["Requantize"].make_node(["r", "z0", "bu", "cu", "z32"], ["v"], name="up", qmin=-(1 << 31),
                                     qmax=(1 << 31) - 1),
         OPS["Shiftmax"].make_node(["v", "sz"], ["p"], name="softmax",
-                                  **shiftmax_params(1.0 / 500, length, 8)),
+                                  **shiftmax_params(1.0 / 500, length, bits)),
     ]
+    if after:
+        # y = s * 4 * 255 / 2**bits + 2, clipped: a row's larger probabilities reach the clip
+        inits |= {"sz": np.int32(0), "pz": np.int32(0), "pb": np.int64(1020 << (30 - bits)),
+                  "pc": np.int64(30), "py": np.uint8(2)}
+        nodes[-1].output[0] = "s32"
+        nodes.append(OPS["Requantize"].make_node(["s32", "pz", "pb", "pc", "py"], ["p"], name="after",
+                                                 qmin=0, qmax=255))
     shapes = {"q": [B, H, length, D], "k": [B, H, length, D]}
     graph = helper.make_graph(
         nodes, "scores", [helper.make_tensor_value_info(n, TensorProto.UINT8, s) for n, s in shapes.items()],
@@ -188,3 +197,11 @@ def test_scores_shiftmax_fused(isa, monkeypatch):
         want = evaluator(model).run(None, feeds)
         got = library_run(compiled.model, feeds)
         assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (up, length)
+    for bits, length in ((16, 37), (12, 197)):  # quantize_static's: a Requantize after it, as a table
+        model, feeds = softmax_model(rng, 7, length, bits=bits, after=True)
+        compiled = compile_model(model)
+        assert engine_ops(compiled.model) == ["QBatchMatMulShiftmaxTable"], bits
+        want = evaluator(model).run(None, feeds)[0]
+        got = library_run(compiled.model, feeds)[0]
+        assert got.dtype == want.dtype == np.uint8 and np.array_equal(got, want), (bits, length)
+        assert len(np.unique(want)) > 5

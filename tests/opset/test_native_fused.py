@@ -58,7 +58,7 @@ def chain_model(rng, mid: str, tail: str, per_channel: bool, shape=(2, 3, 37)):
     ]
     last, out_type = "q", dt
     up = int(rng.integers(3, 12)) * (-1 if tail == "decreasing" else 1)
-    if tail in ("gelu", "ibert_gelu", "softmax", "decreasing", "requantize"):  # the converter's upscale
+    if tail in ("gelu", "ibert_gelu", "softmax", "decreasing", "requantize", "softmax_after"):  # the upscale
         inits |= {"zq": dt(0), "bu": np.int64(up), "cu": np.int64(0), "z32": np.int32(0)}
         nodes.append(
             OPS["Requantize"].make_node(
@@ -84,6 +84,20 @@ def chain_model(rng, mid: str, tail: str, per_channel: bool, shape=(2, 3, 37)):
             )
         )
         last, out_type = "y", np.uint8
+    elif tail == "softmax_after":  # quantize_static's: 12 bits to int32, then a Requantize to int8
+        inits |= {"sz": np.int32(-7), "pz": np.int32(0), "pb": np.int64(255 << 18), "pc": np.int64(28),
+                  "py": np.int8(-128)}
+        nodes.append(
+            OPS["Shiftmax"].make_node(
+                [last, "sz"], ["s"], name="softmax", **shiftmax_params(1.0 / 500, length, 12)
+            )
+        )
+        nodes.append(
+            OPS["Requantize"].make_node(
+                ["s", "pz", "pb", "pc", "py"], ["y"], name="after", qmin=-128, qmax=127
+            )
+        )
+        last, out_type = "y", np.int8
     graph = helper.make_graph(
         nodes,
         "chain",
@@ -105,15 +119,19 @@ def fused_ops(model: onnx.ModelProto) -> list[str]:
 @given(
     seed=st.integers(0, 2**32 - 1),
     mid=st.sampled_from(sorted(MID)),
-    tail=st.sampled_from(["gelu", "ibert_gelu", "softmax", "decreasing", "softmax_direct", "requantize"]),
+    tail=st.sampled_from(
+        ["gelu", "ibert_gelu", "softmax", "decreasing", "softmax_direct", "requantize", "softmax_after"]
+    ),
     per_channel=st.booleans(),
 )
 def test_folded_chain_equals_the_reference(seed, mid, tail, per_channel):
     model, feeds = chain_model(np.random.default_rng(seed), mid, tail, per_channel)
     folded, n = fold_chains(model)
-    softmax = tail in ("softmax", "decreasing", "softmax_direct")
+    softmax = tail in ("softmax", "decreasing", "softmax_direct", "softmax_after")
     if softmax and per_channel:  # the fused Shiftmax takes a per-tensor head only: the rest still folds
         want = [] if tail == "softmax_direct" else ["RequantizeTable"]
+    elif tail == "softmax_after":  # the Requantize after the Shiftmax as a table over its outputs
+        want = ["RequantizeShiftmaxTable"]
     else:
         want = ["RequantizeShiftmax"] if softmax else ["RequantizeTable"]
     assert fused_ops(folded) == want and n == len(want)
@@ -154,6 +172,22 @@ def test_what_is_left_alone():
     assert fused_ops(fold_chains(fed)[0]) == ["RequantizeTable"]  # stops before a non-constant parameter
 
 
+@pytest.mark.parametrize("mid", ["int8", "int16 wide"])
+def test_a_requantize_after_the_shiftmax(mid):
+    """RequantizeShiftmaxTable on each of its paths (an increasing table: the per-row-maximum exps, or too
+    many values for them; a decreasing one: the rows' own exps), 2 threads, against the reference
+    evaluator."""
+    for sign in (1, -1):
+        model, feeds = chain_model(np.random.default_rng(5), mid, "softmax_after", False)
+        bu = next(t for t in model.graph.initializer if t.name == "bu")
+        bu.CopyFrom(numpy_helper.from_array(sign * numpy_helper.to_array(bu), "bu"))
+        folded, _ = fold_chains(model)
+        assert fused_ops(folded) == ["RequantizeShiftmaxTable"]
+        ref = evaluator(model).run(None, feeds)[0]
+        got = session(folded, "library", threads=2).run(None, feeds)[0]
+        assert got.dtype == ref.dtype and np.array_equal(got, ref) and len(np.unique(ref)) > 5, (mid, sign)
+
+
 @pytest.mark.parametrize("mid", ["int8", "uint8", "int16"])
 def test_a_chain_over_its_input(mid):
     """A head with more outputs than a table takes (the upscale to int32) but an 8- or 16-bit input: the
@@ -178,6 +212,12 @@ def test_a_table_of_the_wrong_size_is_refused_with_the_node_name():
     table = next(t for t in folded.graph.initializer if t.name.endswith("_chain_table"))
     table.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(table)[:100], table.name))
     with pytest.raises(Exception, match="head_fused.*qmax - qmin \\+ 1 entries"):
+        session(folded, "library").run(None, feeds)
+    model, feeds = chain_model(np.random.default_rng(3), "int8", "softmax_after", False)
+    folded, _ = fold_chains(model)
+    post = next(t for t in folded.graph.initializer if t.name.endswith("_post"))
+    post.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(post)[:100], post.name))
+    with pytest.raises(Exception, match="head_fused.*after the Shiftmax must be 1-D with 2\\*\\*bits \\+ 1"):
         session(folded, "library").run(None, feeds)
 
 

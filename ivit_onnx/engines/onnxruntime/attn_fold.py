@@ -2,8 +2,9 @@
 ``MatMulInteger(A, B)`` with neither operand a constant becomes ``ai.ivit.engine`` QBatchMatMul
 (``opset/native/qbatch_op.cpp``), with a following ``Requantize | RequantizeTable`` fused
 (QBatchMatMulRequantize / QBatchMatMulTable) or chain_fold's ``RequantizeShiftmax`` (QBatchMatMulShiftmax:
-the scores' Requantize in the GEMM's epilogue, as table indices in bytes, then the rows' Shiftmax), and a
-Transpose of B's last two axes absorbed (``trans_b``).
+the scores' Requantize in the GEMM's epilogue, as table indices in bytes, then the rows' Shiftmax; with the
+table after it, ``RequantizeShiftmaxTable``: QBatchMatMulShiftmaxTable), and a Transpose of B's last two axes
+absorbed (``trans_b``).
 
 The op computes MatMulInteger's int32 accumulator bit for bit (then the Requantize and its table), so the
 artifact keeps the bits of ``int.onnx``. Rewritten: zero points absent or constant single values;
@@ -25,6 +26,11 @@ from .qgemm_fold import ENGINE_DOMAIN, HEADS, _Graph, apply, requantize_params
 FUSED = {"QGemm": "QBatchMatMulRequantize", "QGemmTable": "QBatchMatMulTable"}
 #: chain_fold's Requantize + Shiftmax, which the op takes where its table has at most this many entries
 SHIFTMAX, SHIFTMAX_ENTRIES = (FUSED_DOMAIN, "RequantizeShiftmax"), 256
+#: chain_fold's op of each Shiftmax form, and the engine's
+SHIFTMAX_OPS = {
+    "RequantizeShiftmax": "QBatchMatMulShiftmax",
+    "RequantizeShiftmaxTable": "QBatchMatMulShiftmaxTable",
+}
 
 
 def _single(gr: _Graph, node: onnx.NodeProto, i: int) -> bool:
@@ -55,7 +61,7 @@ def _head(gr: _Graph, gemm: onnx.NodeProto, g: onnx.GraphProto):
     head = gr.uses[out][0][0]
     if gr.uses[out][0][1] != 0:
         return None
-    if (head.domain, head.op_type) == SHIFTMAX:
+    if head.domain == FUSED_DOMAIN and head.op_type in SHIFTMAX_OPS:
         return _shiftmax(gr, head, g)
     if (head.domain, head.op_type) not in HEADS:
         return None
@@ -89,7 +95,9 @@ def _shiftmax(gr: _Graph, head: onnx.NodeProto, g: onnx.GraphProto):
         return None
     zx_name = f"{head.name or head.output[0]}_qbatch_x_zero_point"
     g.initializer.append(numpy_helper.from_array(zx.astype(np.int32), zx_name))
-    return head, [zx_name, *head.input[2:7]]
+    if head.op_type == "RequantizeShiftmaxTable" and gr.const(head, 7) is None:
+        return None
+    return head, [zx_name, *head.input[2:]]
 
 
 def fold_attention(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelProto, int]:
@@ -123,8 +131,8 @@ def fold_attention(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.Model
             )
         else:
             head, params = found
-            sm = (head.domain, head.op_type) == SHIFTMAX
-            op = "QBatchMatMulShiftmax" if sm else FUSED[HEADS[(head.domain, head.op_type)]]
+            sm = head.domain == FUSED_DOMAIN and head.op_type in SHIFTMAX_OPS
+            op = SHIFTMAX_OPS[head.op_type] if sm else FUSED[HEADS[(head.domain, head.op_type)]]
             names = ("qmin", "qmax", "x0", "n", "bits") if sm else ("qmin", "qmax")
             attrs |= {x.name: x.i for x in head.attribute if x.name in names}
             node = helper.make_node(

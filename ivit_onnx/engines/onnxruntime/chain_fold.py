@@ -10,7 +10,10 @@ normative definition) over every possible value. The library's fused ops (domain
 
 * ``RequantizeTable(x, zx, b, c, zy, table)``: ``table[Requantize(x) - qmin]``;
 * ``RequantizeShiftmax(x, zx, b, c, zy, table, y_zero_point)``: the Shiftmax of those looked-up values, in
-  the same pass over each row.
+  the same pass over each row;
+* ``RequantizeShiftmaxTable(..., y_zero_point, post)``: then the elementwise ops after the Shiftmax (the
+  Requantize onnxruntime ``quantize_static`` models put there) as ``post[value - y_zero_point]``, a table over
+  the Shiftmax's ``2**bits + 1`` values (``bits <= 16``).
 
 A head whose outputs are too many to tabulate (the converter's upscale to int32 before a GELU, after an
 IAdd in onnxruntime ``quantize_static`` models) but whose input is 8- or 16-bit is tabulated over its input
@@ -37,6 +40,8 @@ from ivit_onnx.opset import DOMAIN, OPS
 FUSED_DOMAIN = "ai.ivit.fused"
 #: largest table (entries): a 16-bit intermediate at most
 MAX_TABLE = 1 << 16
+#: the most Shiftmax output bits a table after it takes (2**bits + 1 entries)
+MAX_POST_BITS = 16
 #: elementwise private ops a table can absorb: op_type -> indices of their parameter inputs
 ELEMENTWISE = {"Requantize": (1, 2, 3, 4), "ShiftGELU": (1, 2, 3), "IBertGELU": (1, 2, 3)}
 
@@ -158,11 +163,23 @@ def fold_chains(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelPro
         if not chain and softmax is None:
             continue
         table = _table(gr, head, chain)
+        after: list[onnx.NodeProto] = []
         if softmax is not None:
             g.initializer.append(numpy_helper.from_array(table.astype(np.int32), name))
             last, op = softmax, "RequantizeShiftmax"
             inputs = [*head.input, name, softmax.input[1]]
             attrs = {**a, **_attrs(softmax)}
+            after = _chain(gr, softmax)[0] if attrs["bits"] <= MAX_POST_BITS else []
+            if after:  # the ops after it, over its 2**bits + 1 values
+                zo = gr.consts[softmax.input[1]]
+                values = (np.arange((1 << attrs["bits"]) + 1) + int(zo.reshape(-1)[0])).astype(zo.dtype)
+                for node in after:
+                    values = OPS[node.op_type].run(
+                        values, *gr.params(node, ELEMENTWISE[node.op_type], True), **_attrs(node)
+                    )
+                g.initializer.append(numpy_helper.from_array(values.reshape(-1), f"{name}_post"))
+                last, op = after[-1], "RequantizeShiftmaxTable"
+                inputs.append(f"{name}_post")
         else:
             g.initializer.append(numpy_helper.from_array(table, name))
             last, op, inputs, attrs = chain[-1], "RequantizeTable", [*head.input, name], a
@@ -170,7 +187,7 @@ def fold_chains(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelPro
             op, inputs, [last.output[0]], name=f"{head.name}_fused", domain=FUSED_DOMAIN, **attrs
         )
         replace[id(head)] = fused
-        dead.update(id(n) for n in (*chain, *([softmax] if softmax is not None else [])))
+        dead.update(id(n) for n in (*chain, *([softmax] if softmax is not None else []), *after))
     if not replace:
         return out, 0
     gone = {name for n in g.node if id(n) in dead or id(n) in replace for name in n.input}

@@ -21,7 +21,8 @@ from onnx import helper
 from .qgemm_fold import ENGINE_DOMAIN, _Graph, apply, declared
 
 #: the QBatchMatMul forms (attn_fold.py)
-OPS = ("QBatchMatMul", "QBatchMatMulRequantize", "QBatchMatMulTable", "QBatchMatMulShiftmax")
+OPS = ("QBatchMatMul", "QBatchMatMulRequantize", "QBatchMatMulTable", "QBatchMatMulShiftmax",
+       "QBatchMatMulShiftmaxTable")
 STANDARD = ("", "ai.onnx")
 
 
