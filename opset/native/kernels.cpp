@@ -507,12 +507,22 @@ IVIT_CLONES void softmax_out(const i64* __restrict e, TO* __restrict y, i64 len,
   for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(((e[j] * f) >> sh) + zy);
 }
 
-// softmax_out through a table over its values: y = post[(e * f) >> sh] (the value less zy: 0..2**bits), for a
-// Requantize after the Shiftmax tabulated by chain_fold (post null: softmax_out itself)
+// softmax_out's values less zy, (e * f) >> sh: in 0..2**bits (e <= sum(e), so e * f <= RECIP_M)
+IVIT_CLONES void softmax_index(const i64* __restrict e, int32_t* __restrict k, i64 len, i64 f, i64 sh) {
+  for (i64 j = 0; j < len; ++j) k[j] = static_cast<int32_t>((e[j] * f) >> sh);
+}
+
+// softmax_out through a table over its values, y = post[(e * f) >> sh] (post: 2**bits + 1 entries of TO), for
+// the elementwise ops after the Shiftmax tabulated by chain_fold (post null: softmax_out itself). The indices
+// come from a vector loop, then one load each from a table of the output's type (64 KiB at most for bytes).
 template <class TO>
-void softmax_post(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, i64 sh, i64 zy, const int32_t* post) {
+void softmax_post(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, i64 sh, i64 zy, const void* post) {
   if (!post) return softmax_out(e, y, len, f, sh, zy);
-  for (i64 j = 0; j < len; ++j) y[j] = static_cast<TO>(post[(e[j] * f) >> sh]);
+  thread_local std::vector<int32_t> k;
+  k.resize(len);
+  softmax_index(e, k.data(), len, f, sh);
+  const TO* __restrict table = static_cast<const TO*>(post);
+  for (i64 j = 0; j < len; ++j) y[j] = table[k[j]];
 }
 
 // d = x * scale - mean over a row, and the sum of norm(d): d * d (ILayerNorm) or |d| (L1LayerNorm)
@@ -599,7 +609,7 @@ int rescale_each(const void* x, int ti, i64 outer, i64 nc, i64 inner, const i64*
 // `len` int64s, and point there); every x - max(row) lies in [-span, 0].
 template <class TO, class Load>
 void shiftmax_rows(i64 rows, i64 len, i64 span, i64 x0, i64 n, i64 bits, i64 zy, TO* y, int threads, Load load,
-                   const int32_t* post = nullptr) {
+                   const void* post = nullptr) {
   const Exp exp(x0, n);
   const i64 sh = 62 - bits;
   // exps from a table where one pays for itself, else directly (branch-free where exact: it vectorizes)
@@ -986,7 +996,7 @@ i64 softmax_out_neon(const i64* __restrict e, TO* __restrict y, i64 len, i64 f, 
 // preconditions) and the shift allow
 template <class TO>
 void softmax_row_out(const i64* e, TO* yr, i64 len, i64 f, i64 sh, i64 y_zp, [[maybe_unused]] bool vector,
-                     const int32_t* post = nullptr) {
+                     const void* post = nullptr) {
   if (post) return softmax_post(e, yr, len, f, sh, y_zp, post);
   i64 done = 0;
   if (vector && sh >= 0 && sh <= 63) {
@@ -1228,7 +1238,7 @@ int ivit_requantize_shiftmax(const void* x, int ti, i64 rows, i64 len, i64 zx, i
 // The same, then post[value - y_zp] (2**bits + 1 entries of the output's type) for a Requantize after it
 int ivit_requantize_shiftmax_table(const void* x, int ti, i64 rows, i64 len, i64 zx, i64 b, i64 c, i64 zy,
                                    i64 qmin, i64 qmax, const int32_t* table, i64 y_zp, i64 x0, i64 n, i64 bits,
-                                   void* y, int to, int threads, const int32_t* post) {
+                                   void* y, int to, int threads, const void* post) {
   const i64 nq = qmax - qmin + 1, h = ((i64(1) << c) >> 1) - zx * b;
   const Rescale index{zy - qmin, 0, nq - 1};  // the table index, clip(...) - qmin
   const FastRescale fast_v(&b, &h, &c, 1, zy), fast_k(&b, &h, &c, 1, index.zy);  // AVX2: values, indices
@@ -1392,7 +1402,7 @@ int ivit_log_int_softmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x
 // bits)) + y_zp, or post[that - y_zp] where post is not null. For QBatchMatMulShiftmax (qbatch_op.cpp), whose
 // GEMM epilogue writes the indices.
 int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const int64_t* e_rows, int64_t nq,
-                             int64_t y_zp, int64_t bits, void* y, int to, const int32_t* post) {
+                             int64_t y_zp, int64_t bits, void* y, int to, const void* post) {
   return with_types(1, to, [&](auto, auto to_) {
     using TO = decltype(to_);
     std::vector<i64> e(len);

@@ -16,15 +16,16 @@ int ivit_requantize_table(const void* x, int ti, int64_t outer, int64_t nc, int6
 int ivit_requantize_shiftmax(const void* x, int ti, int64_t rows, int64_t len, int64_t zx, int64_t b, int64_t c,
                              int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table, int64_t y_zp,
                              int64_t x0, int64_t n, int64_t bits, void* y, int to, int threads);
-// the same, then post[value - y_zp] (2**bits + 1 entries of the output's type; null: none): a Requantize after
+// the same, then post[value - y_zp] (2**bits + 1 entries of the output's type, as that type; null: none): a
+// Requantize after
 // the Shiftmax, tabulated over its values (chain_fold's RequantizeShiftmaxTable)
 int ivit_requantize_shiftmax_table(const void* x, int ti, int64_t rows, int64_t len, int64_t zx, int64_t b,
                                    int64_t c, int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table,
                                    int64_t y_zp, int64_t x0, int64_t n, int64_t bits, void* y, int to, int threads,
-                                   const int32_t* post);
+                                   const void* post);
 int ivit_isqrt(const int64_t* v, int64_t* r, int64_t n);
 int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const int64_t* e_rows, int64_t nq,
-                             int64_t y_zp, int64_t bits, void* y, int to, const int32_t* post);
+                             int64_t y_zp, int64_t bits, void* y, int to, const void* post);
 int ivit_iadd(const void* a, int ta, const void* b, int tb, int64_t n, int64_t nb, int64_t za, int64_t zb,
               int64_t ma, int64_t mb, int64_t c, int64_t zy, int64_t qmin, int64_t qmax, void* y, int to,
               int threads);

@@ -499,14 +499,12 @@ void requantize_shiftmax(Call& c) {
   const i64 shift = c.in[3].at(0);
   fail_if(!scalars || shift < 0 || shift > 62, "the parameters must be scalars, the shift in 0..62");
   const i64 len = x.shape.back(), rows = len ? x.size / len : 0;
-  const int32_t* post = nullptr;
-  std::vector<int32_t> entries;
+  const void* post = nullptr;  // of the output's type (the op's last input)
   if (c.k.def->op == REQUANTIZE_SHIFTMAX_TABLE) {
     const Tensor& p = c.in[7];
     fail_if(p.shape.size() != 1 || p.size != (i64(1) << c.a(4)) + 1,
             "the table after the Shiftmax must be 1-D with 2**bits + 1 entries");
-    for (i64 i = 0; i < p.size; ++i) entries.push_back(static_cast<int32_t>(p.at(i)));
-    post = entries.data();
+    post = p.data;
   }
   ivit_requantize_shiftmax_table(x.data, c.code(0), rows, len, c.in[1].at(0), c.in[2].at(0), shift, c.in[4].at(0),
                                  c.a(0), c.a(1), static_cast<const int32_t*>(table.data), c.in[6].at(0), c.a(2), c.a(3),

@@ -170,7 +170,7 @@ struct Job {
   i64 za, zb;
   std::vector<i64> zx, mult, shift;
   std::vector<int32_t> table;
-  std::vector<int32_t> post;  // QBatchMatMulShiftmaxTable's table after the Shiftmax
+  std::vector<uint8_t> post;  // QBatchMatMulShiftmaxTable's table after the Shiftmax (the output's type)
   i64 zy, qmin, qmax;
   int out_code;
   Cache* cache;
@@ -356,7 +356,8 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
           const ivit::OrtTensor p = read(input(10));
           if (kn.bits > 16 || p.shape.size() != 1 || p.size != (i64(1) << kn.bits) + 1)
             throw Error{"the table after the Shiftmax must be 1-D with 2**bits + 1 entries (bits <= 16)"};
-          for (i64 i = 0; i < p.size; ++i) j.post.push_back(static_cast<int32_t>(p.at(i)));
+          const i64 bytes = p.size * (p.elem == ort::INT32 ? 4 : p.elem == ort::INT16 ? 2 : 1);
+          j.post.assign(static_cast<const uint8_t*>(p.data), static_cast<const uint8_t*>(p.data) + bytes);
           sm_elem = p.elem, j.sm_code = ivit::kernel_code(p.elem);
         }
         j.zy -= kn.qmin, j.qmin = 0, j.qmax = kn.qmax - kn.qmin;
