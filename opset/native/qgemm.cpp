@@ -84,7 +84,7 @@ enum Out : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
 
 std::atomic<int> g_refused{0};  // bit per path the self-check refused (never picked by AUTO)
 
-// AVX-512 VBMI (vpermi2b): 8-bit tables of up to 256 entries as 4 registers instead of gathers
+// AVX-512 VBMI (vpermt2b): 8-bit tables of up to 256 entries as 4 registers instead of gathers
 bool cpu_vbmi() {
 #if IVIT_QGEMM_X86
   __builtin_cpu_init();
@@ -454,9 +454,10 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
   }
 }
 
-// The same values, 16 (AVX-512, written to y directly) or 8 (AVX2, into int32 v) columns at a time (g.fast):
-// acc * b + off is (acc - zx) * b + h + 2**63 mod 2**64 with one signed 32 x 32-bit multiply, the floor shift a
-// logical one on the sign-flipped sum (kernels.cpp's AVX2 rescale).
+// The same values, a whole tile at a time on x86 (g.fast: epilogue_tile_avx512, epilogue_tile_avx2, below), a
+// row at a time on aarch64 (epilogue_fast): acc * b + off is (acc - zx) * b + h + 2**63 mod 2**64 with one
+// signed 32 x 32-bit multiply, the floor shift a logical one on the sign-flipped sum (kernels.cpp's AVX2
+// rescale).
 #if IVIT_QGEMM_X86
 // tab8[i] of 16 byte indices i: vpermt2b on each 128-entry half (index bit 6 choosing the register), bit 7
 // choosing the half. Inline asm, as the epilogue's target lacks VBMI (only run where the CPU has it: vbmi_table).

@@ -169,7 +169,7 @@ def test_output_types_and_table(isa, out):
     rng = np.random.default_rng(ISAS[isa] * 7 + np.dtype(out).num)
     c = case(rng, np.uint8, 257, 45, 61, True, out=out)
     np.testing.assert_array_equal(run_c(isa, c), reference(**c))
-    for tdt in (np.int16, np.int8, np.uint8):  # byte tables: vpermi2b lookups where the CPU has VBMI
+    for tdt in (np.int16, np.int8, np.uint8):  # byte tables: vpermt2b lookups where the CPU has VBMI
         c = case(rng, np.int8 if tdt == np.int16 else np.uint8, 64, 51, 29, tdt == np.uint8)
         info = np.iinfo(tdt)
         table = rng.integers(info.min, info.max + 1, c["qmax"] - c["qmin"] + 1).astype(tdt)

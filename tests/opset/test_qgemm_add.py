@@ -161,7 +161,7 @@ def test_table_after_the_sum(isa):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_residual_table_wide_and_output_types(isa):
-    """Through tables (int8: vpermi2b where the CPU has VBMI; int16), multipliers past int32 and v outside
+    """Through tables (int8: vpermt2b where the CPU has VBMI; int16), multipliers past int32 and v outside
     its type's range (the scalar epilogue), int16 and int32 sums."""
     need(isa)
     rng = np.random.default_rng(ISAS[isa] + 77)
