@@ -206,18 +206,19 @@ def test_a_chain_over_its_input(mid):
     assert fold_chains(model, keep={"q"})[1] == 0
 
 
-def test_a_table_of_the_wrong_size_is_refused_with_the_node_name():
-    model, feeds = chain_model(np.random.default_rng(3), "int8", "gelu", False)
+@pytest.mark.parametrize(
+    ("tail", "suffix", "message"),
+    [("gelu", "_chain_table", "qmax - qmin \\+ 1 entries"),
+     ("softmax_after", "_post", "after the Shiftmax must be 1-D with 2\\*\\*bits \\+ 1")],
+)
+def test_a_table_of_the_wrong_size_is_refused_with_the_node_name(tail, suffix, message):
+    """A table (RequantizeTable's, or RequantizeShiftmaxTable's after the Shiftmax) cut short: refused, naming
+    the node."""
+    model, feeds = chain_model(np.random.default_rng(3), "int8", tail, False)
     folded, _ = fold_chains(model)
-    table = next(t for t in folded.graph.initializer if t.name.endswith("_chain_table"))
+    table = next(t for t in folded.graph.initializer if t.name.endswith(suffix))
     table.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(table)[:100], table.name))
-    with pytest.raises(Exception, match="head_fused.*qmax - qmin \\+ 1 entries"):
-        session(folded, "library").run(None, feeds)
-    model, feeds = chain_model(np.random.default_rng(3), "int8", "softmax_after", False)
-    folded, _ = fold_chains(model)
-    post = next(t for t in folded.graph.initializer if t.name.endswith("_post"))
-    post.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(post)[:100], post.name))
-    with pytest.raises(Exception, match="head_fused.*after the Shiftmax must be 1-D with 2\\*\\*bits \\+ 1"):
+    with pytest.raises(Exception, match="head_fused.*" + message):
         session(folded, "library").run(None, feeds)
 
 
