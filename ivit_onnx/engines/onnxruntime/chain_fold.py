@@ -111,7 +111,7 @@ def _input_table(gr: _Graph, head: onnx.NodeProto, types: dict) -> np.ndarray | 
         return None
     dt = gr.consts[head.input[1]].dtype
     declared = types.get(head.input[0])
-    if dt not in (np.int8, np.uint8, np.int16, np.uint16) or (
+    if dt not in (np.int8, np.uint8, np.int16) or (
         declared and declared != helper.np_dtype_to_tensor_dtype(dt)
     ):
         return None
