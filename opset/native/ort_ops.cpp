@@ -810,12 +810,14 @@ __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::Sessi
               options, "ivit.qgemm_check", ivit::check_qgemm().c_str());
   ort::CustomOpDomain* engine = nullptr;
   if (!s) s = api<ort::Status*(const char*, ort::CustomOpDomain**)>(ort::CreateCustomOpDomain)("ai.ivit.engine", &engine);
-  // QGemm, QGemmTable; with the residual IAdd, QGemmAdd, QGemmTableAdd; with a table after it too,
-  // QGemmAddTable, QGemmTableAddTable
-  for (int form = 0; form < 3; ++form)
-    for (bool table : {false, true})
-      if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
-                  engine, ivit::qgemm_op(g_api, table, form > 0, form > 1));
+  // QGemm, QGemmTable; with one or two IAdd stages (QGemmAdd, QGemmAddAdd, ...), each with a table after it or
+  // not (QGemmAddTable, ...)
+  for (int adds = 0; adds < 3; ++adds)
+    for (bool post : {false, true})
+      for (bool table : {false, true})
+        if (!s && (adds || !post))
+          s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
+              engine, ivit::qgemm_op(g_api, table, adds, post));
   for (int form = 0; form < 5; ++form)  // attention's batched GEMMs on the same kernel (qbatch_op.cpp)
     if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
                 engine, ivit::qbatch_op(g_api, form));

@@ -173,6 +173,16 @@ Layout layout(int isa) {
   }
 }
 
+// One IAdd stage of the epilogue (see QGemm's comment): v as its type (mid_code), r an activation (act) or
+// constants (in r_off), a multiplier past int32 (wide)
+struct Stage {
+  bool act = false, wide = false;
+  int mid_code = 0;
+  i64 mv = 0, mr = 0, ac = 0, azy = 0, alo = 0, ahi = 0, azs = 0;
+  i64 mv_lo = 0, mv_hi = 0, mr_lo = 0, mr_hi = 0;
+  std::vector<i64> r_off, vr_off;
+};
+
 struct QGemm {
   int isa, a_code, out_code;
   i64 k, n, kp, tiles, za_enc, zy, qmin, qmax;
@@ -197,11 +207,12 @@ struct QGemm {
   // inside its type) multiplies by m = hi * 2**31 + lo as two signed 32 x 32-bit products (add_wide; else
   // lo = m, hi = 0: one), exact mod 2**64 as kernels.cpp's mul4; it adds vr_off = r_off ^ 2**63 on x86 (a
   // logical shift, then zs = zy - 2**(63 - c)), r_off on aarch64.
-  bool has_add = false, add_act = false, add_fast = false, add_wide = false;
-  int mid_code = 0, r_code = 0;
-  i64 mv = 0, mr = 0, ac = 0, azy = 0, alo = 0, ahi = 0, azs = 0;
-  i64 mv_lo = 0, mv_hi = 0, mr_lo = 0, mr_hi = 0;
-  std::vector<i64> r_off, vr_off;
+  // Two stages where a second IAdd reads the first's sum (QGemmAddAdd: quantize_static's bias, then the
+  // residual), the second's v the first's sum; at most one of them reads the activation r (add_act, r_code).
+  bool has_add = false, add_act = false, add_fast = false;
+  int r_code = 0, stages = 0;
+  Stage st[2];
+  const Stage& last() const { return st[stages - 1]; }
   // the table after the residual stage (QGemmAddTable): post[sum - alo], out_code its type; post8 its bytes
   // for byte outputs with VBMI (vbmi_post)
   std::vector<int32_t> post;
@@ -427,15 +438,18 @@ inline i64 as_type(i64 v, int code) {
   }
 }
 
-// the residual stage of one value v of column n (r: the residual there, for an activation)
-inline i64 add_one(const QGemm& g, i64 v, i64 n, int32_t r) {
-  const i64 u = as_type(v, g.mid_code) * g.mv + (g.add_act ? r * g.mr : 0) + g.r_off[n];  // mod 2**64 (-fwrapv)
-  const i64 w = (u >> g.ac) + g.azy;
-  return w < g.alo ? g.alo : (w > g.ahi ? g.ahi : w);
+// a residual stage on one value v of column n (r: the residual there, for an activation)
+inline i64 add_one(const Stage& s, i64 v, i64 n, int32_t r) {
+  const i64 u = as_type(v, s.mid_code) * s.mv + (s.act ? r * s.mr : 0) + s.r_off[n];  // mod 2**64 (-fwrapv)
+  const i64 w = (u >> s.ac) + s.azy;
+  return w < s.alo ? s.alo : (w > s.ahi ? s.ahi : w);
 }
 
-// the sum s (in alo..ahi) through the table after the residual stage, if any
-inline i64 after_add(const QGemm& g, i64 s) { return g.post.empty() ? s : g.post[s - g.alo]; }
+// the stages on v, then the sum (in the last one's alo..ahi) through the table after them, if any
+inline i64 after_add(const QGemm& g, i64 v, i64 n, int32_t r) {
+  for (int i = 0; i < g.stages; ++i) v = add_one(g.st[i], v, n, r);
+  return g.post.empty() ? v : g.post[v - g.last().alo];
+}
 
 // y[j] for the columns n0..n0+cols of one row: the accumulator from dot (see the top), then Requantize
 // (and the table), then the residual stage (rv: the residual activation's row, widened)
@@ -450,7 +464,7 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
     i64 v = ((t + g.half[n]) >> g.shift[n]) + g.zy;
     v = v < lo ? lo : (v > hi ? hi : v);
     v = g.table.empty() ? v : g.table[v - lo];
-    y[j] = static_cast<TO>(g.has_add ? after_add(g, add_one(g, v, n, rv ? rv[j] : 0)) : v);
+    y[j] = static_cast<TO>(g.has_add ? after_add(g, v, n, rv ? rv[j] : 0) : v);
   }
 }
 
@@ -525,11 +539,17 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
                                      i64 rows, i64 n0, i64 cols, const Resid& res, TO* y, i64 ldy) {
   const __m512i lo = _mm512_set1_epi64(g.qmin), hi = _mm512_set1_epi64(g.qmax);
   const __m512i qmin = _mm512_set1_epi32(static_cast<int32_t>(g.qmin));
-  const __m512i mv = _mm512_set1_epi64(g.mv), mr = _mm512_set1_epi64(g.mr), azs = _mm512_set1_epi64(g.azs);
-  const __m512i alo = _mm512_set1_epi64(g.alo), ahi = _mm512_set1_epi64(g.ahi);
-  const __m128i ac = _mm_cvtsi64_si128(g.ac);
+  struct Consts {
+    __m512i mv, mr, azs, alo, ahi;
+    __m128i ac;
+  } cs[2] = {};
+  for (int i = 0; i < g.stages; ++i) {
+    const Stage& t = g.st[i];
+    cs[i] = {_mm512_set1_epi64(t.mv),  _mm512_set1_epi64(t.mr),  _mm512_set1_epi64(t.azs),
+             _mm512_set1_epi64(t.alo), _mm512_set1_epi64(t.ahi), _mm_cvtsi64_si128(t.ac)};
+  }
   const bool tab = !g.table.empty();
-  const __m512i alo32 = _mm512_set1_epi32(static_cast<int32_t>(g.alo));
+  const __m512i alo32 = _mm512_set1_epi32(static_cast<int32_t>(g.has_add ? g.last().alo : 0));
   __m512i t8[4] = {}, p8[4] = {};
   for (int i = 0; i < 4; ++i) {
     if (g.vbmi_table) t8[i] = _mm512_load_si512(g.tab8 + 64 * i);
@@ -541,7 +561,8 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
     const __mmask16 mask = static_cast<__mmask16>(cols - j >= 16 ? 0xFFFF : (1u << (cols - j)) - 1);
     const __m512i corr = _mm512_loadu_si512(&g.corr[n]), zb = _mm512_loadu_si512(&g.zb[n]);
     const Pair mult = split(&g.mult[n]), off = split(&g.off[n]), sh = split(&g.shift[n]), zs = split(&g.zs[n]);
-    const Pair roff = g.has_add ? split(&g.vr_off[n]) : Pair{off.e, off.o};
+    Pair roff[2] = {off, off};
+    for (int i = 0; i < g.stages; ++i) roff[i] = split(&g.st[i].vr_off[n]);
     for (i64 r = 0; r < rows; ++r) {
       __m512i acc = _mm512_sub_epi32(_mm512_load_si512(tile + r * nr + j), corr);
       if (!g.zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zb, _mm512_set1_epi32(rowsum[r])));
@@ -567,22 +588,29 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
         __m512i w;
         if (g.vbmi_table) {
           const __m128i b = vbmi16(t8, _mm512_cvtepi32_epi8(k));
-          w = g.mid_code == I8 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+          w = g.st[0].mid_code == I8 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
         } else {
           w = _mm512_i32gather_epi32(k, g.table.data(), 4);
         }
         e = even64(w), o = odd64(w);
       }
-      e = _mm512_add_epi64(_mm512_mullo_epi64(e, mv), roff.e);
-      o = _mm512_add_epi64(_mm512_mullo_epi64(o, mv), roff.o);
+      __m512i re = _mm512_setzero_si512(), ro = re;
       if (g.add_act) {
         const i64 m = m0 + r, at = (m < res.rows ? m : m % res.rows) * g.n + n;
         const __m512i rv = load16(static_cast<const char*>(res.r) + at * rsize, g.r_code, mask);
-        e = _mm512_add_epi64(e, _mm512_mullo_epi64(even64(rv), mr));
-        o = _mm512_add_epi64(o, _mm512_mullo_epi64(odd64(rv), mr));
+        re = even64(rv), ro = odd64(rv);
       }
-      e = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srl_epi64(e, ac), azs), alo), ahi);
-      o = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srl_epi64(o, ac), azs), alo), ahi);
+      for (int i = 0; i < g.stages; ++i) {  // each stage's v: the previous one's sums (int64 lanes)
+        const Consts& k = cs[i];
+        e = _mm512_add_epi64(_mm512_mullo_epi64(e, k.mv), roff[i].e);
+        o = _mm512_add_epi64(_mm512_mullo_epi64(o, k.mv), roff[i].o);
+        if (g.st[i].act) {
+          e = _mm512_add_epi64(e, _mm512_mullo_epi64(re, k.mr));
+          o = _mm512_add_epi64(o, _mm512_mullo_epi64(ro, k.mr));
+        }
+        e = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srl_epi64(e, k.ac), k.azs), k.alo), k.ahi);
+        o = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srl_epi64(o, k.ac), k.azs), k.alo), k.ahi);
+      }
       if (g.post.empty()) {
         store16(join32(e, o), yr, mask);
         continue;
@@ -679,14 +707,14 @@ struct AddAvx2 {
 
 // the residual stage on v and r (int32 values in the int64 lanes' low halves; r: the residual, for an
 // activation), off: its per-column offsets there
-IVIT_T_AVX2 inline __m256i stage_avx2(const QGemm& g, const AddAvx2& k, __m256i v, __m256i r, __m256i off) {
+IVIT_T_AVX2 inline __m256i stage_avx2(const Stage& s, const AddAvx2& k, __m256i v, __m256i r, __m256i off) {
   __m256i t = _mm256_add_epi64(_mm256_mul_epi32(v, k.mvl), off);
   __m256i w = _mm256_mul_epi32(v, k.mvh);
-  if (g.add_act) {
+  if (s.act) {
     t = _mm256_add_epi64(t, _mm256_mul_epi32(r, k.mrl));
     w = _mm256_add_epi64(w, _mm256_mul_epi32(r, k.mrh));
   }
-  if (g.add_wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(w, 31));
+  if (s.wide) t = _mm256_add_epi64(t, _mm256_slli_epi64(w, 31));
   return clip64(_mm256_add_epi64(_mm256_srl_epi64(t, k.c), k.zs), k.lo, k.hi);
 }
 
@@ -699,19 +727,22 @@ IVIT_T_AVX2 void epilogue_tile_avx2(const QGemm& g, const int32_t* tile, i64 nr,
                                     i64 rows, i64 n0, i64 cols, const Resid& res, TO* y, i64 ldy) {
   const __m256i lo = _mm256_set1_epi64x(g.qmin), hi = _mm256_set1_epi64x(g.qmax);
   const __m256i qmin = _mm256_set1_epi32(static_cast<int32_t>(g.qmin));
-  const __m256i alo32 = _mm256_set1_epi32(static_cast<int32_t>(g.alo));
-  const __m256i mvl = _mm256_set1_epi64x(g.mv_lo), mvh = _mm256_set1_epi64x(g.mv_hi);
-  const __m256i mrl = _mm256_set1_epi64x(g.mr_lo), mrh = _mm256_set1_epi64x(g.mr_hi);
-  const __m256i azs = _mm256_set1_epi64x(g.azs), alo = _mm256_set1_epi64x(g.alo), ahi = _mm256_set1_epi64x(g.ahi);
-  const __m128i ac = _mm_cvtsi64_si128(g.ac);
+  const __m256i alo32 = _mm256_set1_epi32(static_cast<int32_t>(g.has_add ? g.last().alo : 0));
+  AddAvx2 ks[2] = {};
+  for (int i = 0; i < g.stages; ++i) {
+    const Stage& t = g.st[i];
+    ks[i] = {_mm256_set1_epi64x(t.mv_lo), _mm256_set1_epi64x(t.mv_hi), _mm256_set1_epi64x(t.mr_lo),
+             _mm256_set1_epi64x(t.mr_hi), _mm256_set1_epi64x(t.azs),   _mm256_set1_epi64x(t.alo),
+             _mm256_set1_epi64x(t.ahi),   _mm_cvtsi64_si128(t.ac)};
+  }
   const bool tab = !g.table.empty();
   const i64 rsize = g.r_code == I16 ? 2 : (g.r_code == I32 ? 4 : 1);
-  const AddAvx2 k{mvl, mvh, mrl, mrh, azs, alo, ahi, ac};
   for (i64 j = 0; j < cols; j += 8) {
     const i64 n = n0 + j, left = std::min<i64>(8, cols - j);
     const __m256i corr = ld(&g.corr[n]), zb = ld(&g.zb[n]);
     const Pair4 mult = split4(&g.mult[n]), off = split4(&g.off[n]), sh = split4(&g.shift[n]), zs = split4(&g.zs[n]);
-    const Pair4 roff = g.has_add ? split4(&g.vr_off[n]) : off;
+    Pair4 roff[2] = {off, off};
+    for (int i = 0; i < g.stages; ++i) roff[i] = split4(&g.st[i].vr_off[n]);
     for (i64 r = 0; r < rows; ++r) {
       __m256i acc = _mm256_sub_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(tile + r * nr + j)), corr);
       if (!g.zb_zero) acc = _mm256_sub_epi32(acc, _mm256_mullo_epi32(zb, _mm256_set1_epi32(rowsum[r])));
@@ -731,8 +762,12 @@ IVIT_T_AVX2 void epilogue_tile_avx2(const QGemm& g, const int32_t* tile, i64 nr,
         const i64 m = m0 + r, at = (m < res.rows ? m : m % res.rows) * g.n + n;
         rv = load8(static_cast<const char*>(res.r) + at * rsize, g.r_code, left);
       }
-      e = stage_avx2(g, k, v, rv, roff.e);
-      o = stage_avx2(g, k, _mm256_srli_epi64(v, 32), _mm256_srli_epi64(rv, 32), roff.o);
+      e = v, o = _mm256_srli_epi64(v, 32);  // each stage's v: the previous one's sums
+      const __m256i ro = _mm256_srli_epi64(rv, 32);
+      for (int i = 0; i < g.stages; ++i) {
+        e = stage_avx2(g.st[i], ks[i], e, rv, roff[i].e);
+        o = stage_avx2(g.st[i], ks[i], o, ro, roff[i].o);
+      }
       v = join8(e, o);
       if (!g.post.empty()) v = _mm256_i32gather_epi32(g.post.data(), _mm256_sub_epi32(v, alo32), 4);
       store8(v, yr, left);
@@ -767,7 +802,7 @@ void rescale_neon(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i6
 
 // the residual stage on v[0..cols) in place (cols even; v inside its type), r the residual's values
 // (activations) or null: smlal (exact products, sums mod 2**64), an arithmetic shift, the clip on int64
-void add_neon(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
+void add_neon(const Stage& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
   const int32x2_t mvl = vdup_n_s32(static_cast<int32_t>(g.mv_lo)), mvh = vdup_n_s32(static_cast<int32_t>(g.mv_hi));
   const int32x2_t mrl = vdup_n_s32(static_cast<int32_t>(g.mr_lo)), mrh = vdup_n_s32(static_cast<int32_t>(g.mr_hi));
   const int64x2_t lo = vdupq_n_s64(g.alo), hi = vdupq_n_s64(g.ahi), zy = vdupq_n_s64(g.azy);
@@ -781,7 +816,7 @@ void add_neon(const QGemm& g, int32_t* v, const int32_t* r, i64 n0, i64 cols) {
       t = vmlal_s32(t, rr, mrl);
       wide = vmlal_s32(wide, rr, mrh);
     }
-    if (g.add_wide) t = vaddq_s64(t, vshlq_n_s64(wide, 31));
+    if (g.wide) t = vaddq_s64(t, vshlq_n_s64(wide, 31));
     t = vaddq_s64(vshlq_s64(t, nc), zy);
     t = vbslq_s64(vcgtq_s64(t, hi), hi, t);
     vst1_s32(v + j, vmovn_s64(vbslq_s64(vcltq_s64(t, lo), lo, t)));
@@ -804,8 +839,8 @@ void epilogue_fast(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i
   }
   if (tab)
     for (i64 j = 0; j < g.lay.nr; ++j) v[j] = tab[v[j]];
-  add_neon(g, v, rv, n0, g.lay.nr);
-  const int32_t* post = g.post.empty() ? nullptr : g.post.data() - g.alo;
+  for (int i = 0; i < g.stages; ++i) add_neon(g.st[i], v, g.st[i].act ? rv : nullptr, n0, g.lay.nr);
+  const int32_t* post = g.post.empty() ? nullptr : g.post.data() - g.last().alo;
   for (i64 j = 0; j < cols; ++j) y[j] = static_cast<TO>(post ? post[v[j]] : v[j]);
 }
 #endif
@@ -1140,18 +1175,24 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
   if (table && qmax - qmin >= (i64(1) << 24)) return fail("the table would be too large");
   for (i64 j = 0; j < nch; ++j)
     if (shift[j] < 0 || shift[j] > 62) return fail("shifts must be in 0..62");
-  if (add) {
-    if (add->r_code < -1 || add->r_code > I32) return fail("the residual must be int8, uint8, int16 or int32");
-    if (add->r_code < 0 && (!add->r_const || (add->r_size != 1 && add->r_size != n)))
+  const IvitQGemmAdd* adds[2] = {add, add ? add->then : nullptr};
+  for (const IvitQGemmAdd* a : adds) {
+    if (!a) continue;
+    if (a->r_code < -1 || a->r_code > I32) return fail("the residual must be int8, uint8, int16 or int32");
+    if (a->r_code < 0 && (!a->r_const || (a->r_size != 1 && a->r_size != n)))
       return fail("a constant residual must have 1 or N values");
-    if (add->out_code < I8 || add->out_code > I32) return fail("the sum must be int8, uint8, int16 or int32");
-    if (add->post && (add->post_code < I8 || add->post_code > I32))
+    if (a->out_code < I8 || a->out_code > I32) return fail("the sum must be int8, uint8, int16 or int32");
+    if (a->post && (a->post_code < I8 || a->post_code > I32))
       return fail("the table after the sum must be int8, uint8, int16 or int32");
-    if (add->post && add->qmax - add->qmin >= (i64(1) << 16))
+    if (a->post && a->qmax - a->qmin >= (i64(1) << 16))
       return fail("the table after the sum takes at most 65536 entries (the sum's qmin..qmax)");
-    if (add->shift < 0 || add->shift > 62) return fail("the residual's shift must be in 0..62");
-    if (add->qmin > add->qmax) return fail("the residual's qmin must not exceed its qmax");
+    if (a->shift < 0 || a->shift > 62) return fail("the residual's shift must be in 0..62");
+    if (a->qmin > a->qmax) return fail("the residual's qmin must not exceed its qmax");
   }
+  if (adds[1] && (adds[1]->then || adds[0]->post))
+    return fail("two IAdd stages at most, a table only after the last");
+  if (adds[1] && adds[0]->r_code >= 0 && adds[1]->r_code >= 0)
+    return fail("one IAdd stage at most may read an activation");
   auto g = std::make_unique<QGemm>();
   g->isa = isa, g->a_code = a_code, g->out_code = out_code, g->k = k, g->n = n, g->lay = layout(isa);
   g->kp = (k + g->lay.kalign - 1) / g->lay.kalign * g->lay.kalign;
@@ -1190,29 +1231,39 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
     auto fits = [](i64 v) { return v >= INT32_MIN && v <= INT32_MAX; };
     auto fits62 = [](i64 v) { return v >= -(i64(1) << 62) && v < (i64(1) << 62); };
     const i64 type_lo[] = {INT8_MIN, 0, INT16_MIN, INT32_MIN}, type_hi[] = {INT8_MAX, UINT8_MAX, INT16_MAX, INT32_MAX};
-    const i64 c = add->shift;
-    g->has_add = true, g->add_act = add->r_code >= 0, g->r_code = add->r_code, g->mid_code = out_code;
-    g->out_code = add->post ? add->post_code : add->out_code;
-    if (add->post) {
-      g->post.assign(add->post, add->post + (add->qmax - add->qmin + 1));
-      if (isa == VNNI && (g->out_code == I8 || g->out_code == U8) && add->qmax - add->qmin < 256 && cpu_vbmi()) {
-        for (i64 i = 0; i <= add->qmax - add->qmin; ++i) g->post8[i] = static_cast<uint8_t>(add->post[i]);
+    g->has_add = true, g->stages = adds[1] ? 2 : 1, g->add_fast = true;
+    for (int i = 0; i < g->stages; ++i) {
+      const IvitQGemmAdd* a = adds[i];
+      Stage& t = g->st[i];
+      const i64 c = a->shift;
+      // v: the Requantize's (table's) output, or the first stage's sum, which the vector stage takes as it is
+      // only where it lies inside its type (else the scalar epilogue casts it)
+      t.act = a->r_code >= 0, t.mid_code = i ? adds[0]->out_code : out_code;
+      if (t.act) g->add_act = true, g->r_code = a->r_code;
+      t.mv = a->mv, t.mr = a->mr, t.ac = c, t.azy = a->zy, t.alo = a->qmin, t.ahi = a->qmax;
+      t.azs = static_cast<i64>(static_cast<uint64_t>(a->zy) - (uint64_t(1) << (63 - c)));
+      const i64 base = (c ? i64(1) << (c - 1) : 0) - a->zv * a->mv - a->zr * a->mr;  // mod 2**64
+      for (i64 j = 0; j < padded; ++j) {
+        const i64 rj = t.act || j >= n ? 0 : a->r_const[a->r_size == 1 ? 0 : j];
+        t.r_off.push_back(base + rj * a->mr);
+        t.vr_off.push_back(static_cast<i64>(static_cast<uint64_t>(t.r_off[j]) ^ (arm(isa) ? 0 : uint64_t(1) << 63)));
+      }
+      t.wide = !fits(a->mv) || !fits(a->mr);
+      t.mv_lo = t.wide ? a->mv & INT32_MAX : a->mv, t.mv_hi = t.wide ? a->mv >> 31 : 0;
+      t.mr_lo = t.wide ? a->mr & INT32_MAX : a->mr, t.mr_hi = t.wide ? a->mr >> 31 : 0;
+      const bool inside = i ? adds[0]->qmin >= type_lo[t.mid_code] && adds[0]->qmax <= type_hi[t.mid_code]
+                            : table || (qmin >= type_lo[out_code] && qmax <= type_hi[out_code]);
+      g->add_fast = g->add_fast && fits62(a->mv) && fits62(a->mr) && fits(a->qmin) && fits(a->qmax) && inside;
+    }
+    const IvitQGemmAdd* last = adds[g->stages - 1];
+    g->out_code = last->post ? last->post_code : last->out_code;
+    if (last->post) {
+      g->post.assign(last->post, last->post + (last->qmax - last->qmin + 1));
+      if (isa == VNNI && (g->out_code == I8 || g->out_code == U8) && last->qmax - last->qmin < 256 && cpu_vbmi()) {
+        for (i64 i = 0; i <= last->qmax - last->qmin; ++i) g->post8[i] = static_cast<uint8_t>(last->post[i]);
         g->vbmi_post = true;
       }
     }
-    g->mv = add->mv, g->mr = add->mr, g->ac = c, g->azy = add->zy, g->alo = add->qmin, g->ahi = add->qmax;
-    g->azs = static_cast<i64>(static_cast<uint64_t>(add->zy) - (uint64_t(1) << (63 - c)));
-    const i64 base = (c ? i64(1) << (c - 1) : 0) - add->zv * add->mv - add->zr * add->mr;  // mod 2**64
-    for (i64 j = 0; j < padded; ++j) {
-      const i64 rj = g->add_act || j >= n ? 0 : add->r_const[add->r_size == 1 ? 0 : j];
-      g->r_off.push_back(base + rj * add->mr);
-      g->vr_off.push_back(static_cast<i64>(static_cast<uint64_t>(g->r_off[j]) ^ (arm(isa) ? 0 : uint64_t(1) << 63)));
-    }
-    g->add_wide = !fits(add->mv) || !fits(add->mr);
-    g->mv_lo = g->add_wide ? add->mv & INT32_MAX : add->mv, g->mv_hi = g->add_wide ? add->mv >> 31 : 0;
-    g->mr_lo = g->add_wide ? add->mr & INT32_MAX : add->mr, g->mr_hi = g->add_wide ? add->mr >> 31 : 0;
-    g->add_fast = fits62(add->mv) && fits62(add->mr) && fits(add->qmin) && fits(add->qmax) &&
-                  (table || (qmin >= type_lo[out_code] && qmax <= type_hi[out_code]));
     g->fast = g->fast && g->add_fast;
   }
   g->zb_zero = std::all_of(g->zb.begin(), g->zb.end(), [](int32_t v) { return v == 0; });

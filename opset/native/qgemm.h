@@ -43,6 +43,9 @@ struct IvitQGemmAdd {
   int out_code;
   const int32_t* post;
   int post_code;
+  // null, or a second stage reading this one's sum as its v (QGemmAddAdd: quantize_static's bias IAdd, then
+  // the residual IAdd); at most one of the two reads an activation, a table only after the last
+  const IvitQGemmAdd* then;
 };
 // ivit_qgemm_create with the residual stage (add null: none); out_code stays the Requantize's (table's) type
 void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int8_t* b, const int64_t* zb,
@@ -66,9 +69,10 @@ int64_t ivit_qgemm_peak(int isa, int64_t iters, int32_t* sum);
 }
 
 namespace ivit {
-// The QGemm op of domain ai.ivit.engine (and its table form, QGemmTable; with add, QGemmAdd and
-// QGemmTableAdd; with post too, QGemmAddTable and QGemmTableAddTable) for RegisterCustomOps.
-const ort::CustomOp* qgemm_op(const ort::Api* api, bool table, bool add = false, bool post = false);
+// The QGemm op of domain ai.ivit.engine (and its table form, QGemmTable; with `adds` IAdd stages, QGemmAdd,
+// QGemmTableAdd, QGemmAddAdd, QGemmTableAddAdd; with post too, the same names ending in Table) for
+// RegisterCustomOps.
+const ort::CustomOp* qgemm_op(const ort::Api* api, bool table, int adds = 0, bool post = false);
 // The self-check of the QGemm paths (once per process): each path this CPU has, at the worst cases, against
 // plain int64 loops; a path that differs is never picked. Returns the outcome, e.g. "vnni exact, avx2 exact,
 // portable exact".

@@ -6,6 +6,9 @@
 //   QGemmTableAdd(<QGemmTable's inputs>, r, ...) -> IAdd(v, r) of that y as v (resid_fold.py), in one epilogue
 //   QGemmAddTable(<QGemmAdd's inputs>, post), QGemmTableAddTable(<QGemmTableAdd's inputs>, post) ->
 //   post[sum - add_qmin]: a Requantize chain after the IAdd, tabulated over the sum's values (resid_fold.py)
+//   QGemmAddAdd(<QGemmAdd's inputs>, <a second IAdd's 7: r2, ...>) (QGemmTableAddAdd, and either with ...Table
+//   and post): a second IAdd on the first's sum (quantize_static's bias, then the residual), attributes
+//   add2_qmin, add2_qmax; at most one of r, r2 an activation
 // attributes qmin, qmax (and the IAdd's add_qmin, add_qmax). Every input but A (and r) must be a constant
 // initializer: B is packed, and the parameters expanded per column, once, when onnxruntime creates the kernel;
 // the kernel is then immutable, so onnxruntime may run it concurrently. r is constant (1 or N values: the
@@ -49,22 +52,30 @@ struct Kernel {
   void* gemm;
   i64 k, n;
   std::string node;
-  int r_code;  // the residual activation's type (kernels.h's codes), -1 if none or constant
-  bool table, add, post;
+  int r_code;      // the residual activation's type (kernels.h's codes), -1 if none or constant
+  size_t r_input;  // its input index
+  bool table;
+  int adds;
+  bool post;
 };
 
 struct QOp {
   ort::CustomOp base;
-  bool table, add, post;
+  bool table;
+  int adds;  // IAdd stages: 0, 1, 2
+  bool post;
 };
 
 bool has_table(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op)->table; }
-bool has_add(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op)->add; }
+int adds_of(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op)->adds; }
 bool has_post(const ort::CustomOp* op) { return reinterpret_cast<const QOp*>(op)->post; }
 
-const char* name_of(bool table, bool add, bool post) {
-  if (post) return table ? "QGemmTableAddTable" : "QGemmAddTable";
-  return add ? (table ? "QGemmTableAdd" : "QGemmAdd") : (table ? "QGemmTable" : "QGemm");
+const char* name_of(bool table, int adds, bool post) {
+  static const char* const names[2][3][2] = {
+      {{"QGemm", "QGemm"}, {"QGemmAdd", "QGemmAddTable"}, {"QGemmAddAdd", "QGemmAddAddTable"}},
+      {{"QGemmTable", "QGemmTable"}, {"QGemmTableAdd", "QGemmTableAddTable"},
+       {"QGemmTableAddAdd", "QGemmTableAddAddTable"}}};
+  return names[table ? 1 : 0][adds][post ? 1 : 0];
 }
 
 // the index of the residual r, the first of the IAdd's inputs
@@ -100,12 +111,13 @@ std::vector<i64> per_column(const Tensor& t, i64 n, const char* what) {
 }
 
 ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelInfo* info, void** out) {
-  const bool table = has_table(op), add = has_add(op), post = has_post(op);
+  const bool table = has_table(op), post = has_post(op);
+  const int adds = adds_of(op);
   const std::string node = ivit::ort_node_name(g_api, info);
   try {
-    i64 attr[4];
-    const char* names[4] = {"qmin", "qmax", "add_qmin", "add_qmax"};
-    for (int i = 0; i < (add ? 4 : 2); ++i)
+    i64 attr[6];
+    const char* names[6] = {"qmin", "qmax", "add_qmin", "add_qmax", "add2_qmin", "add2_qmax"};
+    for (int i = 0; i < 2 + 2 * adds; ++i)
       check(api<ort::Status*(const ort::KernelInfo*, const char*, int64_t*)>(ort::KernelInfoGetAttribute_int64)(
           info, names[i], &attr[i]));
     const Tensor za = constant(info, 1), b = constant(info, 2), zb = constant(info, 3), zx = constant(info, 4);
@@ -125,47 +137,53 @@ ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelI
     }
     const auto zbs = per_column(zb, n, "b_zero_point"), zxs = per_column(zx, n, "x_zero_point");
     const auto ms = per_column(mult, n, "multiplier"), cs = per_column(shift, n, "shift");
-    IvitQGemmAdd res{};
-    std::vector<i64> r_values;
+    IvitQGemmAdd res[2] = {};
+    std::vector<i64> r_values[2];
     std::vector<int32_t> post_values;
     int r_code = -1;
-    if (add) {
-      const size_t first = residual_input(table);
+    size_t r_input = 0;
+    int v_elem = table ? constant(info, 8).elem : zy.elem;  // each stage's v: the output before it
+    for (int s = 0; s < adds; ++s) {
+      IvitQGemmAdd& a = res[s];
+      const size_t first = residual_input(table) + 7 * s;
       const Tensor zv = constant(info, first + 1), zr = constant(info, first + 2), sum_zy = constant(info, first + 6);
-      res.zv = single(zv, "v_zero_point"), res.zr = single(zr, "r_zero_point");
-      res.mv = single(constant(info, first + 3), "v_multiplier");
-      res.mr = single(constant(info, first + 4), "r_multiplier");
-      res.shift = single(constant(info, first + 5), "the residual's shift");
-      res.zy = single(sum_zy, "sum_zero_point");
-      res.qmin = attr[2], res.qmax = attr[3], res.out_code = code(sum_zy.elem);
-      if (zv.elem != (table ? constant(info, 8).elem : zy.elem))
-        throw Error{"v_zero_point must have the type of the GEMM's output"};
+      a.zv = single(zv, "v_zero_point"), a.zr = single(zr, "r_zero_point");
+      a.mv = single(constant(info, first + 3), "v_multiplier");
+      a.mr = single(constant(info, first + 4), "r_multiplier");
+      a.shift = single(constant(info, first + 5), "the residual's shift");
+      a.zy = single(sum_zy, "sum_zero_point");
+      a.qmin = attr[2 + 2 * s], a.qmax = attr[3 + 2 * s], a.out_code = code(sum_zy.elem);
+      if (zv.elem != v_elem) throw Error{"v_zero_point must have the type of the output before the IAdd"};
+      v_elem = sum_zy.elem;
       if (const ort::Value* rc = maybe_constant(info, first)) {
         const Tensor r = read(rc);
-        r_values = per_column(r, n, "a constant residual");
+        r_values[s] = per_column(r, n, "a constant residual");
         if (r.size != 1 && r.shape.back() != n) throw Error{"a constant residual must lie along the last axis"};
-        res.r_code = -1, res.r_const = r_values.data(), res.r_size = n;
+        a.r_code = -1, a.r_const = r_values[s].data(), a.r_size = n;
       } else {
-        res.r_code = code(zr.elem);
-        r_code = res.r_code;
+        if (r_code >= 0) throw Error{"one IAdd at most may read an activation"};
+        a.r_code = code(zr.elem);
+        r_code = a.r_code, r_input = first;
       }
-      if (post) {
-        const Tensor t = constant(info, first + 7);
-        if (t.shape.size() != 1 || t.size != res.qmax - res.qmin + 1)
-          throw Error{"the table after the sum must be 1-D with add_qmax - add_qmin + 1 entries"};
-        for (i64 i = 0; i < t.size; ++i) post_values.push_back(static_cast<int32_t>(t.at(i)));
-        res.post = post_values.data(), res.post_code = code(t.elem);
-      }
+      if (s) res[0].then = &res[1];
+    }
+    if (post) {
+      IvitQGemmAdd& a = res[adds - 1];
+      const Tensor t = constant(info, residual_input(table) + 7 * adds);
+      if (t.shape.size() != 1 || t.size != a.qmax - a.qmin + 1)
+        throw Error{"the table after the sum must be 1-D with add_qmax - add_qmin + 1 entries"};
+      for (i64 i = 0; i < t.size; ++i) post_values.push_back(static_cast<int32_t>(t.at(i)));
+      a.post = post_values.data(), a.post_code = code(t.elem);
     }
     const char* err = nullptr;
     void* g = ivit_qgemm_create_add(0, a_code, k, n, static_cast<const int8_t*>(b.data), zbs.data(), n, za.at(0),
                                     zxs.data(), ms.data(), cs.data(), n, zy.at(0), attr[0], attr[1],
-                                    table ? tab.data() : nullptr, out_code, add ? &res : nullptr, &err);
+                                    table ? tab.data() : nullptr, out_code, adds ? &res[0] : nullptr, &err);
     if (!g) throw Error{err};
-    *out = new Kernel{g, k, n, node, r_code, table, add, post};
+    *out = new Kernel{g, k, n, node, r_code, r_input, table, adds, post};
     return nullptr;
   } catch (const Error& e) {
-    return status(std::string("ai.ivit.engine ") + name_of(table, add, post) + " node '" + node +
+    return status(std::string("ai.ivit.engine ") + name_of(table, adds, post) + " node '" + node +
                   "' refused: " + e.msg);
   }
 }
@@ -191,9 +209,8 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
     i64 r_rows = 0;
     if (k.r_code >= 0) {  // its shape, leading 1s dropped, ends y's: row m of y reads row m % r_rows
       const ort::Value* rv = nullptr;
-      const size_t first = residual_input(k.table);
       check(api<ort::Status*(const ort::KernelContext*, size_t, const ort::Value**)>(ort::KernelContext_GetInput)(
-          ctx, first, &rv));
+          ctx, k.r_input, &rv));
       const Tensor rt = read(rv);
       if (code(rt.elem) != k.r_code) throw Error{"the residual must have r_zero_point's type"};
       size_t lead = 0;
@@ -209,14 +226,14 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
       throw Error{"the residual does not fit the GEMM"};
     return nullptr;
   } catch (const Error& e) {
-    return status(std::string("ai.ivit.engine ") + name_of(k.table, k.add, k.post) + " node '" + k.node + "': " +
+    return status(std::string("ai.ivit.engine ") + name_of(k.table, k.adds, k.post) + " node '" + k.node + "': " +
                   e.msg);
   }
 }
 
-QOp make(bool table, bool add, bool post = false) {
+QOp make(bool table, int adds, bool post = false) {
   ort::CustomOp o = ivit::ort_custom_op();
-  o.GetName = [](const ort::CustomOp* op) { return name_of(has_table(op), has_add(op), has_post(op)); };
+  o.GetName = [](const ort::CustomOp* op) { return name_of(has_table(op), adds_of(op), has_post(op)); };
   // A, a_zero_point: int8 or uint8; B, b_zero_point int8; x_zero_point int32; multiplier, shift int64;
   // y_zero_point and the table: the output's type (undefined: checked when the kernel is created)
   // the residual stage: r, v_zero_point, r_zero_point: the types of r and v; v_multiplier, r_multiplier,
@@ -225,12 +242,12 @@ QOp make(bool table, bool add, bool post = false) {
     static const ort::ElemType types[] = {ort::UNDEFINED, ort::UNDEFINED, ort::INT8,      ort::INT8,     ort::INT32,
                                           ort::INT64,     ort::INT64,     ort::UNDEFINED, ort::UNDEFINED};
     static const ort::ElemType resid[] = {ort::UNDEFINED, ort::UNDEFINED, ort::UNDEFINED, ort::INT64,
-                                          ort::INT64,     ort::INT64,     ort::UNDEFINED, ort::UNDEFINED};
-    const size_t first = residual_input(has_table(op));
-    return i < first ? types[i] : resid[i - first];
+                                          ort::INT64,     ort::INT64,     ort::UNDEFINED};
+    const size_t first = residual_input(has_table(op)), stages_end = first + 7 * adds_of(op);
+    return i < first ? types[i] : i < stages_end ? resid[(i - first) % 7] : ort::UNDEFINED;  // then post
   };
   o.GetInputTypeCount = [](const ort::CustomOp* op) -> size_t {
-    return residual_input(has_table(op)) + (has_add(op) ? 7 : 0) + (has_post(op) ? 1 : 0);
+    return residual_input(has_table(op)) + 7 * adds_of(op) + (has_post(op) ? 1 : 0);
   };
   o.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::UNDEFINED; };
   o.GetOutputTypeCount = [](const ort::CustomOp*) -> size_t { return 1; };
@@ -240,18 +257,19 @@ QOp make(bool table, bool add, bool post = false) {
   };
   o.CreateKernelV2 = create;
   o.KernelComputeV2 = compute;
-  return QOp{o, table, add, post};
+  return QOp{o, table, adds, post};
 }
 
 }  // namespace
 
 namespace ivit {
 
-const ort::CustomOp* qgemm_op(const ort::Api* api, bool table, bool add, bool post) {
+const ort::CustomOp* qgemm_op(const ort::Api* api, bool table, int adds, bool post) {
   g_api = api;
-  static const QOp ops[6] = {make(false, false), make(true, false),      make(false, true),
-                             make(true, true),   make(false, true, true), make(true, true, true)};
-  return &ops[post ? 4 + (table ? 1 : 0) : (table ? 1 : 0) + (add ? 2 : 0)].base;
+  static const QOp ops[2][3][2] = {
+      {{make(false, 0), make(false, 0)}, {make(false, 1), make(false, 1, true)}, {make(false, 2), make(false, 2, true)}},
+      {{make(true, 0), make(true, 0)}, {make(true, 1), make(true, 1, true)}, {make(true, 2), make(true, 2, true)}}};
+  return &ops[table ? 1 : 0][adds][post && adds ? 1 : 0].base;
 }
 
 }  // namespace ivit

@@ -89,7 +89,8 @@ def test_fused_artifact_is_bit_exact(isa, monkeypatch):
     assert saturated >= len(cases), saturated  # sums past the clip in half the cases at least
 
 
-def gelu_after_the_sum(model: onnx.ModelProto, head: str, per_channel: bool = False) -> onnx.ModelProto:
+def gelu_after_the_sum(model: onnx.ModelProto, head: str, per_channel: bool = False,
+                       source: str = "sum") -> onnx.ModelProto:
     """``resid_model``'s sum, then a GELU as the converter writes one after a ``quantize_static`` bias IAdd:
     ``Requantize`` (head "wide": the upscale to int32, which chain_fold tabulates over the int8 sum; "narrow":
     to int8, a table over its outputs, per channel if asked) and ShiftGELU, the graph's output."""
@@ -108,7 +109,7 @@ def gelu_after_the_sum(model: onnx.ModelProto, head: str, per_channel: bool = Fa
     attrs, gb, gc = shiftgelu_params(1.0 / 300, 0.02, reach, 15, -128, 127)
     params |= {"gb": np.int64(gb), "gc": np.int64(gc), "gz": np.int8(-3)}
     g.initializer.extend(numpy_helper.from_array(np.asarray(x), k) for k, x in params.items())
-    g.node.append(OPS["Requantize"].make_node(["sum", "hz", "hb", "hc", "hy"], ["h"], name="head", **bounds))
+    g.node.append(OPS["Requantize"].make_node([source, "hz", "hb", "hc", "hy"], ["h"], name="head", **bounds))
     g.node.append(OPS["ShiftGELU"].make_node(["h", "gb", "gc", "gz"], ["gelu_out"], name="gelu", **attrs))
     g.output[0].CopyFrom(helper.make_tensor_value_info("gelu_out", TensorProto.INT8, None))
     return model
@@ -139,6 +140,60 @@ def test_a_table_after_the_sum(isa, monkeypatch):
     model = gelu_after_the_sum(model, "narrow", per_channel=True)
     compiled = compile_model(model)
     assert fused_ops(compiled.model) == ["QGemmAdd"] and compiled.counts["post_table"] == 0
+    assert np.array_equal(library_run(compiled.model, feeds)[0], evaluator(model).run(None, feeds)[0])
+
+
+def then_residual(model: onnx.ModelProto, rng, form: str = "act", side: int = 0) -> onnx.ModelProto:
+    """``resid_model``'s sum, then a second IAdd with ``r2`` (an activation input, or N constants), the
+    graph's output: ``quantize_static``'s bias IAdd followed by the residual IAdd."""
+    g = model.graph
+    shape = [2, 5, N] if form == "act" else [N]
+    r2 = rng.integers(-128, 128, shape).astype(np.int8)
+    if form == "act":
+        g.input.append(helper.make_tensor_value_info("r2", TensorProto.INT8, shape))
+    else:
+        g.initializer.append(numpy_helper.from_array(r2, "r2"))
+    g.value_info.append(helper.make_tensor_value_info("sum", TensorProto.INT8, [2, 5, N]))
+    params = {"z1": np.int8(3), "z2": np.int8(-2), "m1": np.int64(int(0.9 * (1 << 40))),
+              "m2": np.int64(int(0.7 * (1 << 40))), "c3": np.int64(40), "z3": np.int8(1)}
+    g.initializer.extend(numpy_helper.from_array(np.asarray(x), k) for k, x in params.items())
+    a, b = ("sum", "r2") if side == 0 else ("r2", "sum")
+    za, zb, ma, mb = ("z1", "z2", "m1", "m2") if side == 0 else ("z2", "z1", "m2", "m1")
+    g.node.append(OPS["IAdd"].make_node([a, b, za, zb, ma, mb, "c3", "z3"], ["sum2"], name="iadd2",
+                                        qmin=-128, qmax=127))
+    g.output[0].CopyFrom(helper.make_tensor_value_info("sum2", TensorProto.INT8, None))
+    return model, r2 if form == "act" else None
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "neon", "dotprod", "i8mm"])
+def test_a_second_iadd(isa, monkeypatch):
+    """``quantize_static``'s bias IAdd then the residual IAdd: both in the epilogue as QGemmAddAdd (or
+    QGemmTableAddAdd; with a GELU after, ...Table), either side, with the reference evaluator's bits on every
+    path; two activation residuals keep the second IAdd."""
+    from tests.opset.test_qgemm import ISAS, need
+
+    need(isa)
+    monkeypatch.setenv("IVIT_GEMM_ISA", isa)
+    rng = np.random.default_rng([ISAS[isa], 32])
+    for kw, side, gelu in ((dict(form="column"), 0, False), (dict(form="column", table=True), 1, False),
+                           (dict(form="column"), 1, True)):
+        model, feeds = resid_model(rng, np.uint8, **kw)
+        model, r2 = then_residual(model, rng, side=side)
+        feeds["r2"] = r2
+        if gelu:
+            model = gelu_after_the_sum(model, "wide", source="sum2")
+        compiled = compile_model(model)
+        base = "QGemmTableAddAdd" if kw.get("table") else "QGemmAddAdd"
+        assert fused_ops(compiled.model) == [base + ("Table" if gelu else "")], (kw, side, gelu)
+        assert "1 second IAdds (after a bias IAdd) in the same epilogue" in compiled.describe()
+        want = evaluator(model).run(None, feeds)[0]
+        got = library_run(compiled.model, feeds)[0]
+        assert got.dtype == want.dtype and np.array_equal(got, want), (kw, side, gelu)
+    model, feeds = resid_model(rng, np.uint8)  # an activation in the first IAdd too: the second stays
+    model, r2 = then_residual(model, rng)
+    feeds["r2"] = r2
+    compiled = compile_model(model)
+    assert fused_ops(compiled.model) == ["QGemmAdd"]
     assert np.array_equal(library_run(compiled.model, feeds)[0], evaluator(model).run(None, feeds)[0])
 
 
@@ -242,6 +297,7 @@ def test_quantize_static_bias_iadds(tmp_path):
     constant_adds = [n for n in model.graph.node if n.op_type == "IAdd" and set(n.input[:2]) & inits]
     assert compiled.counts["resid_fold"] == compiled.counts["qgemm"] - 1 > 0  # all but the head's GEMM
     assert compiled.counts["post_table"] == 2  # fc1's GELU, its chain tabulated over the bias IAdd's sum
+    assert compiled.counts["second_add"] == 4  # proj's and fc2's residual IAdd after their bias IAdd
     assert len(constant_adds) >= compiled.counts["resid_fold"]
     x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
     name = model.graph.input[0].name

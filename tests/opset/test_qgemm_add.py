@@ -5,7 +5,8 @@ on the emulated ARM cores). Cases: int8 and uint8 A, per-tensor and per-column R
 or b, activation residuals of every IAdd input type and constant ones (per column, single), sums that
 saturate, multipliers within int32 and past it (the converter's, near 2**53: two products a lane), past 2**62
 (the scalar epilogue), through a table, with a table after the sum (QGemmAddTable; byte tables through
-vpermt2b where the CPU has VBMI, wider ones gathered), and through onnxruntime with ``IVIT_GEMM_ISA``.
+vpermt2b where the CPU has VBMI, wider ones gathered), two IAdd stages (QGemmAddAdd), and through onnxruntime
+with ``IVIT_GEMM_ISA``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class Add(ctypes.Structure):
 
     _fields_ = [("r_code", ctypes.c_int), ("r_const", ctypes.c_void_p)] + [
         (name, ctypes.c_int64) for name in ("r_size", "zv", "mv", "zr", "mr", "shift", "zy", "qmin", "qmax")
-    ] + [("out_code", ctypes.c_int), ("post", ctypes.c_void_p), ("post_code", ctypes.c_int)]
+    ] + [("out_code", ctypes.c_int), ("post", ctypes.c_void_p), ("post_code", ctypes.c_int),
+         ("then", ctypes.c_void_p)]
 
 
 def _add_lib():
@@ -62,25 +64,25 @@ def residual(rng, c: dict, rdt, form: str, v_first: bool, out=np.int8, wide=Fals
                 qmin=int(o.min) + (1 if out == np.int8 else 0), qmax=int(o.max), v_first=v_first)
 
 
-def want(c: dict, res: dict, table=None, post=None) -> np.ndarray:
-    """The QGemm reference, then the IAdd reference with v on its side (then post[sum - qmin])."""
-    v = reference(**c, table=table)
-    r = res["r"]
+def stage(v: np.ndarray, res: dict) -> np.ndarray:
+    """The IAdd reference on v and res's r, v on its side."""
     v_side = (v, res["zv"], np.int64(res["mv"]))
-    r_side = (r, res["zr"], np.int64(res["mr"]))
+    r_side = (res["r"], res["zr"], np.int64(res["mr"]))
     (a, za, ma), (b, zb, mb) = (v_side, r_side) if res["v_first"] else (r_side, v_side)
-    s = iadd(a, b, za, zb, ma, mb, np.int64(res["shift"]), res["zy"], qmin=res["qmin"], qmax=res["qmax"])
+    return iadd(a, b, za, zb, ma, mb, np.int64(res["shift"]), res["zy"], qmin=res["qmin"], qmax=res["qmax"])
+
+
+def want(c: dict, res: dict, table=None, post=None, then=None) -> np.ndarray:
+    """The QGemm reference, then the IAdd reference with v on its side (then a second IAdd on that sum,
+    then post[sum - qmin])."""
+    s = stage(reference(**c, table=table), res)
+    if then is not None:
+        s, res = stage(s, then), then
     return s if post is None else post[s.astype(np.int64) - res["qmin"]]
 
 
-def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1, post=None) -> np.ndarray:
-    """The fused GEMM through the C entry points, on ``isa``."""
-    lib = _add_lib()
-    k, n = c["b"].shape
-    arr = {key: np.ascontiguousarray(np.asarray(c[key]).reshape(-1).astype(np.int64))
-           for key in ("zb", "zx", "mult", "shift")}
-    tab = None if table is None else np.ascontiguousarray(table.astype(np.int32))
-    mid = np.asarray(c["zy"]).dtype if table is None else table.dtype
+def _stage(res: dict) -> tuple[Add, list]:
+    """qgemm.h's IvitQGemmAdd of a residual dict, and the arrays it points into (kept alive by the caller)."""
     r = np.ascontiguousarray(res["r"])
     act = r.ndim == 2
     consts = np.ascontiguousarray(r.reshape(-1).astype(np.int64))
@@ -88,9 +90,29 @@ def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1, post=None)
               r_size=consts.size, zv=int(res["zv"]), mv=res["mv"], zr=int(res["zr"]), mr=res["mr"],
               shift=res["shift"], zy=int(res["zy"]), qmin=res["qmin"], qmax=res["qmax"],
               out_code=CODES[np.asarray(res["zy"]).dtype])
+    return add, [r, consts]
+
+
+def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1, post=None, then=None) -> np.ndarray:
+    """The fused GEMM through the C entry points, on ``isa`` (then: a second IAdd stage's residual dict)."""
+    lib = _add_lib()
+    k, n = c["b"].shape
+    arr = {key: np.ascontiguousarray(np.asarray(c[key]).reshape(-1).astype(np.int64))
+           for key in ("zb", "zx", "mult", "shift")}
+    tab = None if table is None else np.ascontiguousarray(table.astype(np.int32))
+    mid = np.asarray(c["zy"]).dtype if table is None else table.dtype
+    add, keep = _stage(res)
+    last, out, r = add, res, keep[0]
+    if then is not None:  # the second stage reads the first's sum; the activation residual is either one's
+        second, more = _stage(then)
+        keep += [second, *more]
+        add.then = ctypes.addressof(second)
+        last, out = second, then
+        r = more[0] if more[0].ndim == 2 else r
+    act = r.ndim == 2
     post32 = None if post is None else np.ascontiguousarray(post.astype(np.int32))
     if post is not None:
-        add.post, add.post_code = post32.ctypes.data, CODES[post.dtype]
+        last.post, last.post_code = post32.ctypes.data, CODES[post.dtype]
     # the IAdd is symmetric apart from which parameters go with which side: v takes the ones of its side
     err = ctypes.c_char_p()
     b = np.ascontiguousarray(c["b"])
@@ -102,7 +124,7 @@ def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1, post=None)
     assert g, err.value
     try:
         a = np.ascontiguousarray(c["a"])
-        y = np.zeros((a.shape[0], n), np.asarray(res["zy"]).dtype if post is None else post.dtype)
+        y = np.zeros((a.shape[0], n), np.asarray(out["zy"]).dtype if post is None else post.dtype)
         rc = lib.ivit_qgemm_run_add(g, a.ctypes.data, a.shape[0], r.ctypes.data if act else None,
                                     r.shape[0] if act else 0, y.ctypes.data, threads)
         assert rc == 0
@@ -157,6 +179,39 @@ def test_table_after_the_sum(isa):
             got = run_c(isa, c, res, table=table, post=post, threads=2)
             np.testing.assert_array_equal(got, want(c, res, table=table, post=post), strict=True,
                                           err_msg=f"{isa} {pdt.__name__} {n} {form} {pre}")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_two_stages(isa):
+    """QGemmAddAdd's stages: quantize_static's bias IAdd (constants) then the residual IAdd (an activation,
+    v on either side), or the activation first and constants after; before them a table too, after them a
+    table; the first stage's sum past its type (the scalar epilogue's cast)."""
+    need(isa)
+    rng = np.random.default_rng(ISAS[isa] + 123)
+    saturated = 0
+    for k, n, rows in ((64, 53, 29), (192, 48, 50), (7, 5, 9)):
+        for first, second, v_first in (("column", "act", True), ("single", "act", False),
+                                       ("act", "column", True)):
+            c = case(rng, np.uint8, k, n, rows, True)
+            res = residual(rng, c, np.int8, first, True, wide=bool(rng.random() < 0.5))
+            # the second stage's v: the first's sum (its type, int8)
+            then = residual(rng, {**c, "zy": res["zy"]}, np.int8, second, v_first, out=np.int8)
+            got = run_c(isa, c, res, then=then, threads=2)
+            expect = want(c, res, then=then)
+            np.testing.assert_array_equal(got, expect, strict=True, err_msg=f"{isa} {first} {second} {k}")
+            saturated += int((expect == then["qmin"]).any() or (expect == then["qmax"]).any())
+    assert saturated >= 3, saturated
+    c = case(rng, np.uint8, 64, 37, 11, True)
+    table = rng.integers(-128, 128, c["qmax"] - c["qmin"] + 1).astype(np.int8)
+    res = residual(rng, c, np.int8, "column", True)
+    res["zv"] = np.int8(res["zv"])
+    then = residual(rng, {**c, "zy": res["zy"]}, np.int16, "act", False, out=np.int8)
+    post = rng.integers(0, 256, then["qmax"] - then["qmin"] + 1).astype(np.uint8)
+    np.testing.assert_array_equal(run_c(isa, c, res, table=table, then=then, post=post),
+                                  want(c, res, table=table, then=then, post=post), strict=True)
+    res["qmin"], res["qmax"] = -300, 300  # the first sum clipped past int8: cast to it before the second
+    res["zy"] = np.int8(0)
+    np.testing.assert_array_equal(run_c(isa, c, res, then=then), want(c, res, then=then), strict=True)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -291,6 +346,7 @@ def test_on_an_emulated_haswell():
             "t.test_residual_paths_bit_exact('avx2', np.uint8, True)\n"
             "t.test_residual_table_wide_and_output_types('avx2')\n"
             "t.test_table_after_the_sum('avx2')\n"
+            "t.test_two_stages('avx2')\n"
             "print('PASS', out)\n")
     done = haswell(code, timeout=600, cwd=str(ROOT))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -67,6 +67,8 @@ class Compiled:
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
         done += [f"{c['qgemm']} GEMM + Requantize pairs as the library's QGemm"] if c.get("qgemm") else []
         done += [f"{c['resid_fold']} IAdds in the QGemm epilogue"] if c.get("resid_fold") else []
+        done += [f"{c['second_add']} second IAdds (after a bias IAdd) in the same epilogue"] if c.get(
+            "second_add") else []
         done += [f"{c['post_table']} tabulated chains after those IAdds in the same epilogue"] if c.get(
             "post_table") else []
         done += [f"{c['qbatch']} activation GEMMs (attention) as the library's QBatchMatMul"] if c.get(
@@ -121,6 +123,7 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         if resid:
             out, counts["resid_fold"] = fold_residuals(out, keep=set(keep))
             counts["post_table"] = sum(n.op_type in POST.values() for n in out.graph.node)
+            counts["second_add"] = sum("AddAdd" in n.op_type for n in out.graph.node)
         if qbatch:
             out, counts["qbatch"] = fold_attention(out, keep=set(keep))
             out, counts["head_views"] = head_views(out, keep=set(keep), shapes=static_shapes(model))

@@ -10,9 +10,11 @@ other addend r a constant along the last axis (1 or N values), or an int8/uint8/
 zero point's type whose known shape, leading 1s dropped, ends v's (so the sum has v's shape); the GEMM's
 output read by nothing else (graph outputs and ``keep`` stay). Runs after :mod:`.qgemm_fold`.
 
-A RequantizeTable (:mod:`.chain_fold`'s) that alone reads the sum goes into the same epilogue, as a table
-over the sum's values (at most 65536): QGemmAddTable / QGemmTableAddTable. In ``quantize_static`` models
-that is the GELU after fc1's bias IAdd, which chain_fold tabulates over its 8-bit input.
+A second IAdd that alone reads that sum goes into the same epilogue where one of the two addends at most is
+an activation (QGemmAddAdd / QGemmTableAddAdd): ``quantize_static``'s residual IAdd after the bias IAdd. A
+RequantizeTable (:mod:`.chain_fold`'s) that alone reads the last sum goes in too, as a table over the sum's
+values (at most 65536; the op names end in ``Table``): in ``quantize_static`` models the GELU after fc1's
+bias IAdd, which chain_fold tabulates over its 8-bit input.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from .qgemm_fold import ENGINE_DOMAIN, _Graph, apply, declared
 
 #: the fused op of each GEMM form, and of each fused one with a table after the sum
 FUSED = {"QGemm": "QGemmAdd", "QGemmTable": "QGemmTableAdd"}
-POST = {"QGemmAdd": "QGemmAddTable", "QGemmTableAdd": "QGemmTableAddTable"}
+SECOND = {"QGemmAdd": "QGemmAddAdd", "QGemmTableAdd": "QGemmTableAddAdd"}
+POST = {op: f"{op}Table" for op in ("QGemmAdd", "QGemmTableAdd", "QGemmAddAdd", "QGemmTableAddAdd")}
 #: most entries of the table after the sum (the library's bound)
 MAX_POST = 1 << 16
 #: the residual types the stage reads
@@ -44,9 +47,11 @@ def _ends(r: list | None, v: list | None) -> bool:
     return all(d is not None and d == w for d, w in zip(tail, v[len(v) - len(tail):], strict=True))
 
 
-def _fused(gr: _Graph, gemm: onnx.NodeProto, info: dict) -> onnx.NodeProto | None:
-    """The fused node replacing the IAdd after ``gemm``, or None where the pattern or a parameter fails."""
-    out = gemm.output[0]
+def _stage(gr: _Graph, node: onnx.NodeProto, v_type: np.ndarray | None, n: int, info: dict):
+    """``(IAdd, its 7 inputs as the op takes them, its qmin and qmax)`` for the IAdd that alone reads
+    ``node``'s output (v, of ``v_type``'s type, N = ``n`` columns), or None where the pattern or a parameter
+    fails."""
+    out = node.output[0]
     if not gr.only_use(out):
         return None
     iadd, side = gr.uses[out][0]
@@ -61,11 +66,8 @@ def _fused(gr: _Graph, gemm: onnx.NodeProto, info: dict) -> onnx.NodeProto | Non
     if not 0 <= int(shift.reshape(-1)[0]) <= 62:
         return None
     zv, zr = (za, zb) if side == 0 else (zb, za)
-    v_type = gr.const(gemm, 8 if gemm.op_type == "QGemmTable" else 7)
-    w = gr.const(gemm, 2)
-    if v_type is None or w is None or zv.dtype != v_type.dtype or zr.dtype not in TYPES:
+    if v_type is None or zv.dtype != v_type.dtype or zr.dtype not in TYPES:
         return None
-    n = w.shape[1]
     v_dims = info.get(out, (0, None))[1]
     r_name = iadd.input[1 - side]
     r = gr.consts.get(r_name)
@@ -83,13 +85,41 @@ def _fused(gr: _Graph, gemm: onnx.NodeProto, info: dict) -> onnx.NodeProto | Non
     names = iadd.input[2:]
     v_zp, r_zp, v_m, r_m = (names[0], names[1], names[2], names[3]) if side == 0 else (
         names[1], names[0], names[3], names[2])
-    attrs = {a.name: a.i for a in gemm.attribute if a.name in ("qmin", "qmax")}
-    attrs |= {f"add_{a.name}": a.i for a in iadd.attribute if a.name in ("qmin", "qmax")}
-    if len(attrs) != 4:
+    bounds = {a.name: a.i for a in iadd.attribute if a.name in ("qmin", "qmax")}
+    if len(bounds) != 2:
         return None
-    inputs = [*gemm.input, r_name, v_zp, r_zp, v_m, r_m, names[4], names[5]]
-    return helper.make_node(FUSED[gemm.op_type], inputs, [iadd.output[0]], name=f"{gemm.name}_add",
-                            domain=ENGINE_DOMAIN, **attrs)
+    return iadd, [r_name, v_zp, r_zp, v_m, r_m, names[4], names[5]], bounds
+
+
+def _fused(gr: _Graph, gemm: onnx.NodeProto, info: dict):
+    """``(the fused node, the IAdd it replaces)`` after ``gemm``, or None where the pattern or a parameter
+    fails."""
+    w = gr.const(gemm, 2)
+    if w is None:
+        return None
+    found = _stage(gr, gemm, gr.const(gemm, 8 if gemm.op_type == "QGemmTable" else 7), w.shape[1], info)
+    attrs = {a.name: a.i for a in gemm.attribute if a.name in ("qmin", "qmax")}
+    if found is None or len(attrs) != 2:
+        return None
+    iadd, inputs, bounds = found
+    attrs |= {f"add_{k}": v for k, v in bounds.items()}
+    node = helper.make_node(FUSED[gemm.op_type], [*gemm.input, *inputs], [iadd.output[0]],
+                            name=f"{gemm.name}_add", domain=ENGINE_DOMAIN, **attrs)
+    return node, iadd
+
+
+def _second(gr: _Graph, fused: onnx.NodeProto, info: dict):
+    """``(the fused node with a second IAdd stage, that IAdd)`` where an IAdd alone reads the first one's sum
+    and one of the two residuals at most is an activation (``quantize_static``'s bias, then the residual),
+    else None."""
+    first_r = fused.input[9 if fused.op_type == "QGemmTableAdd" else 8]
+    found = _stage(gr, fused, gr.consts.get(fused.input[-1]), gr.const(fused, 2).shape[1], info)
+    if found is None or (first_r not in gr.consts and found[1][0] not in gr.consts):
+        return None
+    iadd, inputs, bounds = found
+    attrs = {a.name: a.i for a in fused.attribute} | {f"add2_{k}": v for k, v in bounds.items()}
+    return helper.make_node(SECOND[fused.op_type], [*fused.input, *inputs], [iadd.output[0]], name=fused.name,
+                            domain=ENGINE_DOMAIN, **attrs), iadd
 
 
 def _post(gr: _Graph, fused: onnx.NodeProto, g: onnx.GraphProto):
@@ -107,7 +137,8 @@ def _post(gr: _Graph, fused: onnx.NodeProto, g: onnx.GraphProto):
     if any(p is None for p in params) or any(p.size != 1 for p in params[:4]) or zy_sum is None:
         return None
     attrs = {a.name: a.i for a in fused.attribute}
-    lo, hi = attrs["add_qmin"], attrs["add_qmax"]
+    last = "add2_" if "add2_qmin" in attrs else "add_"  # the last stage's bounds
+    lo, hi = attrs[f"{last}qmin"], attrs[f"{last}qmax"]
     if not 0 < hi - lo + 1 <= MAX_POST:
         return None
     zx, b, c, zy, entries = params
@@ -133,17 +164,23 @@ def fold_residuals(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.Model
     info = declared(g)
     replace: dict[int, onnx.NodeProto] = {}
     dead: set[int] = set()
+    taken = lambda node: id(node) in replace or id(node) in dead  # noqa: E731
     for gemm in list(g.node):
         if gemm.domain != ENGINE_DOMAIN or gemm.op_type not in FUSED:
             continue
-        fused = _fused(gr, gemm, info)
-        if fused is None or id(gr.uses[gemm.output[0]][0][0]) in replace:  # an IAdd of two QGemms: the first
+        found = _fused(gr, gemm, info)
+        if found is None or taken(found[1]):  # an IAdd of two QGemms: the first
             continue
+        fused, at = found  # the fused node takes the place of the last node it absorbs
+        second = _second(gr, fused, info)
+        if second is not None and not taken(second[1]):
+            dead.add(id(at))
+            fused, at = second
         post = _post(gr, fused, g)
         if post is not None:
             fused = post[0]
             dead.add(id(post[1]))
-        replace[id(gr.uses[gemm.output[0]][0][0])] = fused
+        replace[id(at)] = fused
         dead.add(id(gemm))
     return out, apply(out, replace, dead)
 
