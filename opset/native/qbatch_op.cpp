@@ -170,7 +170,7 @@ struct Job {
   i64 za, zb;
   std::vector<i64> zx, mult, shift;
   std::vector<int32_t> table;
-  std::vector<uint8_t> post;  // QBatchMatMulShiftmaxTable's table after the Shiftmax (the output's type)
+  const void* post = nullptr;  // QBatchMatMulShiftmaxTable's table after the Shiftmax (the output's type)
   i64 zy, qmin, qmax;
   int out_code;
   Cache* cache;
@@ -218,7 +218,7 @@ void run_one(void* data, size_t g) {
     std::vector<uint8_t> k(j.m * j.n);
     ivit_qgemm_run_strided(gemm, j.a + j.a_off[g], j.lda, j.m, k.data(), j.n, 1);
     ivit_index_shiftmax_rows(k.data(), j.m, j.n, j.exps->e.data(), j.exps->nq, j.sm_zy, j.sm_bits,
-                             j.y + j.y_off[g] * j.ysize, j.sm_code, j.post.empty() ? nullptr : j.post.data());
+                             j.y + j.y_off[g] * j.ysize, j.sm_code, j.post);
   } else {
     ivit_qgemm_run_strided(gemm, j.a + j.a_off[g], j.lda, j.m, j.y + j.y_off[g] * j.ysize, j.ldy, 1);
   }
@@ -356,8 +356,7 @@ ort::Status* compute(void* kernel, ort::KernelContext* ctx) {
           const ivit::OrtTensor p = read(input(10));
           if (kn.bits > 16 || p.shape.size() != 1 || p.size != (i64(1) << kn.bits) + 1)
             throw Error{"the table after the Shiftmax must be 1-D with 2**bits + 1 entries (bits <= 16)"};
-          const i64 bytes = p.size * (p.elem == ort::INT32 ? 4 : p.elem == ort::INT16 ? 2 : 1);
-          j.post.assign(static_cast<const uint8_t*>(p.data), static_cast<const uint8_t*>(p.data) + bytes);
+          j.post = p.data;  // read in place: the input lives as long as this run
           sm_elem = p.elem, j.sm_code = ivit::kernel_code(p.elem);
         }
         j.zy -= kn.qmin, j.qmin = 0, j.qmax = kn.qmax - kn.qmin;

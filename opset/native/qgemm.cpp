@@ -511,6 +511,11 @@ IVIT_T_EPI inline __m512i load16(const void* r, int code, __mmask16 m) {
   }
 }
 
+// the lanes m of 16 bytes b to y (unmasked where all 16 are written)
+IVIT_T_EPI inline void store_bytes16(__m128i b, void* y, __mmask16 m) {
+  if (m == 0xFFFF) _mm_storeu_si128(static_cast<__m128i*>(y), b); else _mm_mask_storeu_epi8(y, m, b);
+}
+
 // the lanes m of 16 int32 lanes v to y as TO (truncating, as the scalar cast). The narrowed value stays a
 // register (the empty asm) and a whole vector stores unmasked: GCC would otherwise fuse the two into vpmovdb
 // to memory, which Zen 4 runs microcoded, at a fifth of the epilogue's time.
@@ -519,7 +524,7 @@ IVIT_T_EPI inline void store16(__m512i v, TO* y, __mmask16 m) {
   if constexpr (sizeof(TO) == 1) {
     __m128i b = _mm512_cvtepi32_epi8(v);
     asm("" : "+v"(b));
-    if (m == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(y), b); else _mm_mask_storeu_epi8(y, m, b);
+    store_bytes16(b, y, m);
   } else if constexpr (sizeof(TO) == 2) {
     __m256i w = _mm512_cvtepi32_epi16(v);
     asm("" : "+v"(w));
@@ -575,8 +580,7 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
         const __m512i v = join32(e, o);
         if constexpr (sizeof(TO) == 1) {
           if (g.vbmi_table) {
-            const __m128i b = vbmi16(t8, _mm512_cvtepi32_epi8(_mm512_sub_epi32(v, qmin)));
-            if (mask == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(yr), b); else _mm_mask_storeu_epi8(yr, mask, b);
+            store_bytes16(vbmi16(t8, _mm512_cvtepi32_epi8(_mm512_sub_epi32(v, qmin))), yr, mask);
             continue;
           }
         }
@@ -618,8 +622,7 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
       const __m512i k = _mm512_sub_epi32(join32(e, o), alo32);  // through the table after the stage
       if constexpr (sizeof(TO) == 1) {
         if (g.vbmi_post) {
-          const __m128i b = vbmi16(p8, _mm512_cvtepi32_epi8(k));
-          if (mask == 0xFFFF) _mm_storeu_si128(reinterpret_cast<__m128i*>(yr), b); else _mm_mask_storeu_epi8(yr, mask, b);
+          store_bytes16(vbmi16(p8, _mm512_cvtepi32_epi8(k)), yr, mask);
           continue;
         }
       }

@@ -93,15 +93,19 @@ def _chain(gr: _Graph, head: onnx.NodeProto):
     return chain, softmax
 
 
-def _table(gr: _Graph, head: onnx.NodeProto, chain: list[onnx.NodeProto]) -> np.ndarray:
-    """The chain's reference output for every value ``head`` can produce, in order from qmin."""
-    a = _attrs(head)
-    values = np.arange(a["qmin"], a["qmax"] + 1).astype(gr.consts[head.input[4]].dtype)
-    for node in chain:
+def _through(gr: _Graph, nodes, values: np.ndarray) -> np.ndarray:
+    """``values`` through the elementwise ``nodes`` by their reference kernels, flat."""
+    for node in nodes:
         values = OPS[node.op_type].run(
             values, *gr.params(node, ELEMENTWISE[node.op_type], True), **_attrs(node)
         )
     return values.reshape(-1)
+
+
+def _table(gr: _Graph, head: onnx.NodeProto, chain: list[onnx.NodeProto]) -> np.ndarray:
+    """The chain's reference output for every value ``head`` can produce, in order from qmin."""
+    a = _attrs(head)
+    return _through(gr, chain, np.arange(a["qmin"], a["qmax"] + 1).astype(gr.consts[head.input[4]].dtype))
 
 
 def _input_table(gr: _Graph, head: onnx.NodeProto, types: dict) -> np.ndarray | None:
@@ -140,18 +144,13 @@ def fold_chains(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelPro
         chain, softmax = _chain(gr, head)
         name = f"{head.name or head.output[0]}_chain_table"
         if not 0 < a["qmax"] - a["qmin"] + 1 <= MAX_TABLE:  # too many outputs: over the input, if it can
-            values = _input_table(gr, head, types) if chain else None
-            if values is None:
+            x = _input_table(gr, head, types) if chain else None
+            if x is None:
                 continue
-            for node in (head, *chain):
-                values = OPS[node.op_type].run(
-                    values, *gr.params(node, ELEMENTWISE[node.op_type], True), **_attrs(node)
-                )
-            dt = gr.consts[head.input[1]].dtype
-            info = np.iinfo(dt)
-            ident = {"_zx": np.zeros((), dt), "_b": np.int64(1), "_c": np.int64(0), "_zy": np.zeros((), dt)}
+            info, zero = np.iinfo(x.dtype), np.zeros((), x.dtype)
+            ident = {"_zx": zero, "_b": np.int64(1), "_c": np.int64(0), "_zy": zero}
             g.initializer.extend(numpy_helper.from_array(np.asarray(v), name + k) for k, v in ident.items())
-            g.initializer.append(numpy_helper.from_array(values.reshape(-1), name))
+            g.initializer.append(numpy_helper.from_array(_through(gr, (head, *chain), x), name))
             replace[id(head)] = helper.make_node(
                 "RequantizeTable", [head.input[0], *(name + k for k in ident), name], [chain[-1].output[0]],
                 name=f"{head.name}_fused", domain=FUSED_DOMAIN, qmin=int(info.min), qmax=int(info.max),
@@ -173,11 +172,7 @@ def fold_chains(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelPro
             if after:  # the ops after it, over its 2**bits + 1 values
                 zo = gr.consts[softmax.input[1]]
                 values = (np.arange((1 << attrs["bits"]) + 1) + int(zo.reshape(-1)[0])).astype(zo.dtype)
-                for node in after:
-                    values = OPS[node.op_type].run(
-                        values, *gr.params(node, ELEMENTWISE[node.op_type], True), **_attrs(node)
-                    )
-                g.initializer.append(numpy_helper.from_array(values.reshape(-1), f"{name}_post"))
+                g.initializer.append(numpy_helper.from_array(_through(gr, after, values), f"{name}_post"))
                 last, op = after[-1], "RequantizeShiftmaxTable"
                 inputs.append(f"{name}_post")
         else:

@@ -24,7 +24,7 @@ from .chain_fold import fold_chains
 from .head_views import head_views, static_shapes
 from .patch_gemm import patch_gemm
 from .qgemm_fold import fast_path, fold_qgemm
-from .resid_fold import POST, fold_residuals
+from .resid_fold import POST, SECOND, fold_residuals
 from .u8_gemm import own_uint8_weights, recode, uint8_copies
 
 ENGINE_KEY = "ivit.engine"
@@ -122,8 +122,9 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         out, counts["qgemm"] = fold_qgemm(out, keep=set(keep))
         if resid:
             out, counts["resid_fold"] = fold_residuals(out, keep=set(keep))
-            counts["post_table"] = sum(n.op_type in POST.values() for n in out.graph.node)
-            counts["second_add"] = sum("AddAdd" in n.op_type for n in out.graph.node)
+            ops = [n.op_type for n in out.graph.node]
+            counts["post_table"] = sum(op in POST.values() for op in ops)
+            counts["second_add"] = sum(op.removesuffix("Table") in SECOND.values() for op in ops)
         if qbatch:
             out, counts["qbatch"] = fold_attention(out, keep=set(keep))
             out, counts["head_views"] = head_views(out, keep=set(keep), shapes=static_shapes(model))

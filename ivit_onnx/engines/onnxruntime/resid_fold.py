@@ -185,4 +185,4 @@ def fold_residuals(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.Model
     return out, apply(out, replace, dead)
 
 
-__all__ = ["POST", "fold_residuals"]
+__all__ = ["POST", "SECOND", "fold_residuals"]
