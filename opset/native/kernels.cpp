@@ -1138,6 +1138,118 @@ IVIT_CLONES void log_levels(const i64* __restrict e, TO* __restrict y, i64 len, 
   }
 }
 
+// ---- The index Shiftmax rows with AVX-512 VBMI (x86-64 CPUs that have it, e.g. Ice Lake, Zen 4). A row's
+// exps are E[km][k] for its largest index km, so with km known its outputs are a function of k alone: the
+// bytes Y[k] = ((E[km][k] * f) >> sh) + y_zp (or post[...]) are computed from E's row for the row's smallest to
+// largest index, and the row is 64 vpermt2b lookups at a time. The sum of the row's exps comes from E's row as byte planes
+// (ivit_exp_planes), each looked up the same way and summed by vpsadbw. Rows of up to 256; off with
+// IVIT_NO_VBMI=1. Built with or without the clones (IVIT_NO_CLONES: the sanitizer's build runs it too).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define IVIT_VBMI_PATH 1
+#include <immintrin.h>
+#define IVIT_VBMI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi")))
+
+inline bool vbmi_rows() {
+  static const bool on = [] {
+    __builtin_cpu_init();
+    return rows_fast() && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512dq") &&
+           !env_on("IVIT_NO_VBMI");
+  }();
+  return on;
+}
+
+// t (256 bytes as 4 registers) at 64 byte indices: vpermt2b on each 128-entry half, bit 7 choosing the half
+IVIT_VBMI inline __m512i lookup256(const __m512i* t, __m512i idx) {
+  const __m512i lo = _mm512_permutex2var_epi8(t[0], idx, t[1]);
+  const __m512i hi = _mm512_permutex2var_epi8(t[2], idx, t[3]);
+  return _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi);
+}
+
+// the smallest of 64 bytes (vphminposuw on the last 16, as words)
+IVIT_VBMI inline i64 min_byte(__m512i v) {
+  const __m256i a = _mm256_min_epu8(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  __m128i b = _mm_min_epu8(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  b = _mm_min_epu8(b, _mm_srli_epi16(b, 8));
+  return _mm_cvtsi128_si32(_mm_minpos_epu16(_mm_and_si128(b, _mm_set1_epi16(0xFF)))) & 0xFFFF;
+}
+
+inline __mmask64 tail64(i64 left) { return left >= 64 ? ~__mmask64(0) : (__mmask64(1) << left) - 1; }
+
+// 64 bytes from 8 vectors of 8 int64 lanes, each lane's low byte, in order (vpmovqb, without its store form)
+IVIT_VBMI inline __m512i low_bytes(const __m512i* v) {
+  const __m512i pd = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i pw = _mm512_setr_epi32(0x20000, 0x60004, 0xA0008, 0xE000C, 0x120010, 0x160014, 0x1A0018, 0x1E001C,
+                                       0x220020, 0x260024, 0x2A0028, 0x2E002C, 0x320030, 0x360034, 0x3A0038,
+                                       0x3E003C);
+  const __m512i pb = _mm512_setr_epi32(0x06040200, 0x0E0C0A08, 0x16141210, 0x1E1C1A18, 0x26242220, 0x2E2C2A28,
+                                       0x36343230, 0x3E3C3A38, 0x46444240, 0x4E4C4A48, 0x56545250, 0x5E5C5A58,
+                                       0x66646260, 0x6E6C6A68, 0x76747270, 0x7E7C7A78);
+  const __m512i w0 = _mm512_permutex2var_epi16(_mm512_permutex2var_epi32(v[0], pd, v[1]), pw,
+                                               _mm512_permutex2var_epi32(v[2], pd, v[3]));
+  const __m512i w1 = _mm512_permutex2var_epi16(_mm512_permutex2var_epi32(v[4], pd, v[5]), pw,
+                                               _mm512_permutex2var_epi32(v[6], pd, v[7]));
+  return _mm512_permutex2var_epi8(w0, pb, w1);
+}
+
+// The rows, as ivit_index_shiftmax_rows, for byte outputs, 0 <= sh <= 63, np byte planes of E (1..8) and rows
+// of C * 64 indices at most (C = 1..4): each row's indices stay in C registers (0 past len) across its passes.
+template <class TO, int C>
+IVIT_VBMI void index_shiftmax_vbmi(const uint8_t* k, i64 rows, i64 len, const i64* e_rows, i64 nq,
+                                   const uint8_t* planes, int np, i64 y_zp, i64 sh, TO* y, const TO* post) {
+  const __m512i zero = _mm512_setzero_si512(), zp = _mm512_set1_epi64(y_zp);
+  const __m128i vs = _mm_cvtsi64_si128(sh);
+  const __mmask64 last = tail64(len - (C - 1) * 64);
+  for (i64 r = 0; r < rows; ++r) {
+    const uint8_t* kr = k + r * len;
+    __m512i idx[C], mx = zero, mn = _mm512_set1_epi8(-1);
+    for (int c = 0; c < C; ++c) {
+      idx[c] = c < C - 1 ? _mm512_loadu_si512(kr + 64 * c) : _mm512_maskz_loadu_epi8(last, kr + 64 * c);
+      mx = _mm512_max_epu8(mx, idx[c]);
+      mn = _mm512_min_epu8(mn, c < C - 1 ? idx[c] : _mm512_mask_mov_epi8(mn, last, idx[c]));
+    }
+    const i64 km = 255 - min_byte(_mm512_xor_si512(mx, _mm512_set1_epi8(-1))), kmin = min_byte(mn);
+    // the sum: each plane's bytes at the row's indices (0 past its end), summed in 64-bit lanes by vpsadbw
+    const uint8_t* pr = planes + km * np * 256;
+    u64 sum = 0;  // mod 2**64, as the generic loop's
+    for (int p = 0; p < np; ++p) {
+      __m512i t[4], acc = zero;
+      for (int q = 0; q < 4; ++q) t[q] = _mm512_loadu_si512(pr + 256 * p + 64 * q);
+      for (int c = 0; c < C; ++c) {
+        const __m512i b = lookup256(t, idx[c]);
+        acc = _mm512_add_epi64(acc, _mm512_sad_epu8(c < C - 1 ? b : _mm512_maskz_mov_epi8(last, b), zero));
+      }
+      sum += static_cast<u64>(_mm512_reduce_add_epi64(acc)) << (8 * p);
+    }
+    const i64 f = floor_div(RECIP_M, static_cast<i64>(sum));
+    // Y[k] for kmin <= k <= km from E's row (e * f <= RECIP_M: exact in int64), into 4 registers (others unread)
+    const i64* row = e_rows + km * nq;
+    __m512i t[4] = {zero, zero, zero, zero};
+    if (post) {
+      alignas(64) uint8_t yt[256];
+      for (i64 q = kmin; q <= km; ++q) yt[q] = static_cast<uint8_t>(post[static_cast<int32_t>((row[q] * f) >> sh)]);
+      for (int q = 0; q < 4; ++q) t[q] = _mm512_load_si512(yt + 64 * q);
+    } else {
+      const __m512i vf = _mm512_set1_epi64(f);
+      for (i64 q = kmin / 64 * 64; q <= km; q += 64) {
+        __m512i v[8];
+        for (int s = 0; s < 8; ++s) {
+          const i64 q0 = q + 8 * s;
+          const __mmask8 m = q0 > km ? 0 : static_cast<__mmask8>(km - q0 >= 7 ? 0xFF : (1u << (km - q0 + 1)) - 1);
+          v[s] = _mm512_add_epi64(_mm512_sra_epi64(_mm512_mullo_epi64(_mm512_maskz_loadu_epi64(m, row + q0), vf), vs),
+                                  zp);
+        }
+        t[q / 64] = low_bytes(v);
+      }
+    }
+    TO* yr = y + r * len;
+    for (int c = 0; c < C; ++c) {
+      const __m512i out = lookup256(t, idx[c]);
+      if (c < C - 1) _mm512_storeu_si512(yr + 64 * c, out); else _mm512_mask_storeu_epi8(yr + 64 * c, last, out);
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 namespace ivit {
@@ -1397,14 +1509,54 @@ int ivit_log_int_softmax(const void* x, int ti, i64 rows, i64 len, i64 zy, i64 x
                            });
 }
 
+// E's rows (nq x nq, nq <= 256, every entry >= 0) as byte planes for the VBMI rows: planes[(km * np + p) * 256 +
+// k] = byte p of E[km][k] (0 for k >= nq), np the fewest bytes that hold E's largest entry; returns np, or 0
+// (planes untouched) where nq or an entry is out of range (the rows then take the generic loops). planes:
+// np * 256 bytes a row, 8 * 256 at most.
+int ivit_exp_planes(const int64_t* e_rows, int64_t nq, uint8_t* planes) {
+  if (nq < 1 || nq > 256) return 0;
+  i64 big = 0;
+  for (i64 i = 0; i < nq * nq; ++i) {
+    if (e_rows[i] < 0) return 0;
+    big = std::max(big, e_rows[i]);
+  }
+  int np = 1;
+  while (np < 8 && (big >> (8 * np)) != 0) ++np;
+  std::fill(planes, planes + nq * np * 256, uint8_t(0));
+  for (i64 km = 0; km < nq; ++km)
+    for (int p = 0; p < np; ++p)
+      for (i64 q = 0; q < nq; ++q)
+        planes[(km * np + p) * 256 + q] = static_cast<uint8_t>(e_rows[km * nq + q] >> (8 * p));
+  return np;
+}
+
 // The Shiftmax rows of ivit_requantize_shiftmax's sorted path, from the table's indices k (bytes, rows x len):
 // e = E[max k][k] (e_rows: nq x nq, row km set for k <= km), y = (e * floor_div(RECIP_M, sum(e)) >> (62 -
 // bits)) + y_zp, or post[that - y_zp] where post is not null. For QBatchMatMulShiftmax (qbatch_op.cpp), whose
-// GEMM epilogue writes the indices.
+// GEMM epilogue writes the indices. planes (np of them, ivit_exp_planes; null: none) let byte outputs take the
+// VBMI rows where the CPU has VBMI.
 int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const int64_t* e_rows, int64_t nq,
-                             int64_t y_zp, int64_t bits, void* y, int to, const void* post) {
+                             const uint8_t* planes, int64_t np, int64_t y_zp, int64_t bits, void* y, int to,
+                             const void* post) {
   return with_types(1, to, [&](auto, auto to_) {
     using TO = decltype(to_);
+#ifdef IVIT_VBMI_PATH
+    if constexpr (sizeof(TO) == 1) {
+      if (planes && np >= 1 && np <= 8 && bits >= 0 && bits <= 62 && len >= 1 && len <= 256 && vbmi_rows()) {
+        auto run = [&](auto c) {
+          index_shiftmax_vbmi<TO, decltype(c)::value>(k, rows, len, e_rows, nq, planes, static_cast<int>(np), y_zp,
+                                                      62 - bits, static_cast<TO*>(y), static_cast<const TO*>(post));
+        };
+        switch ((len + 63) / 64) {
+          case 1: run(std::integral_constant<int, 1>{}); break;
+          case 2: run(std::integral_constant<int, 2>{}); break;
+          case 3: run(std::integral_constant<int, 3>{}); break;
+          default: run(std::integral_constant<int, 4>{}); break;
+        }
+        return;
+      }
+    }
+#endif
     std::vector<i64> e(len);
     i64* __restrict ev = e.data();
     for (i64 r = 0; r < rows; ++r) {
@@ -1418,6 +1570,15 @@ int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const 
                       rows_vector(), post);
     }
   }) ? 0 : 1;
+}
+
+// 1 where ivit_index_shiftmax_rows' byte outputs take the VBMI rows on this CPU, else 0: for the tests.
+int ivit_shiftmax_vbmi() {
+#ifdef IVIT_VBMI_PATH
+  return vbmi_rows() ? 1 : 0;
+#else
+  return 0;
+#endif
 }
 
 // Which loops the row kernels' fast paths take here (their section): 0 the generic ones (IVIT_GENERIC_ROWS),

@@ -24,8 +24,11 @@ int ivit_requantize_shiftmax_table(const void* x, int ti, int64_t rows, int64_t 
                                    int64_t y_zp, int64_t x0, int64_t n, int64_t bits, void* y, int to, int threads,
                                    const void* post);
 int ivit_isqrt(const int64_t* v, int64_t* r, int64_t n);
+int ivit_exp_planes(const int64_t* e_rows, int64_t nq, uint8_t* planes);
 int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const int64_t* e_rows, int64_t nq,
-                             int64_t y_zp, int64_t bits, void* y, int to, const void* post);
+                             const uint8_t* planes, int64_t np, int64_t y_zp, int64_t bits, void* y, int to,
+                             const void* post);
+int ivit_shiftmax_vbmi();
 int ivit_iadd(const void* a, int ta, const void* b, int tb, int64_t n, int64_t nb, int64_t za, int64_t zb,
               int64_t ma, int64_t mb, int64_t c, int64_t zy, int64_t qmin, int64_t qmax, void* y, int to,
               int threads);

@@ -81,8 +81,9 @@ struct View {
 struct ExpRows {
   std::mutex lock;
   std::vector<i64> key;
-  i64 nq = 0;
+  i64 nq = 0, np = 0;
   std::vector<i64> e;
+  std::vector<uint8_t> planes;  // E as byte planes for the VBMI rows (ivit_exp_planes; np 0: none)
   void prepare(const std::vector<int32_t>& t, i64 x0, i64 n) {
     std::vector<i64> k = {x0, n};
     k.insert(k.end(), t.begin(), t.end());
@@ -93,6 +94,8 @@ struct ExpRows {
     e.assign(nq * nq, 0);
     for (i64 km = 0; km < nq; ++km)
       for (i64 j = 0; j <= km; ++j) e[km * nq + j] = exp(-(i64(t[km]) - t[j]));
+    planes.assign(nq <= 256 ? nq * 8 * 256 : 0, 0);
+    np = planes.empty() ? 0 : ivit_exp_planes(e.data(), nq, planes.data());
     key = std::move(k);
   }
 };
@@ -215,10 +218,11 @@ void run_one(void* data, size_t g) {
   if (!gemm) return;
   ivit_qgemm_repack(gemm, j.b + j.b_off[g], j.ldk, j.ldn, j.b_u8 ? 0x80 : 0, j.b_u8 ? j.zb - 128 : j.zb);
   if (j.exps) {  // the indices, then each row's Shiftmax (kernels.cpp)
-    std::vector<uint8_t> k(j.m * j.n);
+    thread_local std::vector<uint8_t> k;
+    k.resize(j.m * j.n);
     ivit_qgemm_run_strided(gemm, j.a + j.a_off[g], j.lda, j.m, k.data(), j.n, 1);
-    ivit_index_shiftmax_rows(k.data(), j.m, j.n, j.exps->e.data(), j.exps->nq, j.sm_zy, j.sm_bits,
-                             j.y + j.y_off[g] * j.ysize, j.sm_code, j.post);
+    ivit_index_shiftmax_rows(k.data(), j.m, j.n, j.exps->e.data(), j.exps->nq, j.exps->planes.data(), j.exps->np,
+                             j.sm_zy, j.sm_bits, j.y + j.y_off[g] * j.ysize, j.sm_code, j.post);
   } else {
     ivit_qgemm_run_strided(gemm, j.a + j.a_off[g], j.lda, j.m, j.y + j.y_off[g] * j.ysize, j.ldy, 1);
   }

@@ -501,6 +501,11 @@ IVIT_T_EPI inline Pair split(const i64* p) {
           _mm512_permutex2var_epi64(a, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), b)};
 }
 
+// v * m of int64 lanes holding int32 values: one signed 32 x 32-bit product where m fits int32 (not wide)
+IVIT_T_EPI inline __m512i mul_stage(__m512i v, __m512i m, bool wide) {
+  return wide ? _mm512_mullo_epi64(v, m) : _mm512_mul_epi32(v, m);
+}
+
 // the lanes m of 16 values at r of type `code`, as int32 lanes
 IVIT_T_EPI inline __m512i load16(const void* r, int code, __mmask16 m) {
   switch (code) {
@@ -547,7 +552,7 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
   struct Consts {
     __m512i mv, mr, azs, alo, ahi;
     __m128i ac;
-  } cs[2] = {};
+  } cs[2];  // stages past g.stages unread (no zeroing: this runs once per tile)
   for (int i = 0; i < g.stages; ++i) {
     const Stage& t = g.st[i];
     cs[i] = {_mm512_set1_epi64(t.mv),  _mm512_set1_epi64(t.mr),  _mm512_set1_epi64(t.azs),
@@ -555,7 +560,7 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
   }
   const bool tab = !g.table.empty();
   const __m512i alo32 = _mm512_set1_epi32(static_cast<int32_t>(g.has_add ? g.last().alo : 0));
-  __m512i t8[4] = {}, p8[4] = {};
+  __m512i t8[4], p8[4];  // read only where loaded
   for (int i = 0; i < 4; ++i) {
     if (g.vbmi_table) t8[i] = _mm512_load_si512(g.tab8 + 64 * i);
     if (g.vbmi_post) p8[i] = _mm512_load_si512(g.post8 + 64 * i);
@@ -606,11 +611,14 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
       }
       for (int i = 0; i < g.stages; ++i) {  // each stage's v: the previous one's sums (int64 lanes)
         const Consts& k = cs[i];
-        e = _mm512_add_epi64(_mm512_mullo_epi64(e, k.mv), roff[i].e);
-        o = _mm512_add_epi64(_mm512_mullo_epi64(o, k.mv), roff[i].o);
+        // v and r are int32 values: one signed 32 x 32-bit product each where the multipliers fit int32
+        // (vpmuldq: one uop where vpmullq takes three on Intel), else the full 64-bit one
+        const bool wide = g.st[i].wide;
+        e = _mm512_add_epi64(mul_stage(e, k.mv, wide), roff[i].e);
+        o = _mm512_add_epi64(mul_stage(o, k.mv, wide), roff[i].o);
         if (g.st[i].act) {
-          e = _mm512_add_epi64(e, _mm512_mullo_epi64(re, k.mr));
-          o = _mm512_add_epi64(o, _mm512_mullo_epi64(ro, k.mr));
+          e = _mm512_add_epi64(e, mul_stage(re, k.mr, wide));
+          o = _mm512_add_epi64(o, mul_stage(ro, k.mr, wide));
         }
         e = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srl_epi64(e, k.ac), k.azs), k.alo), k.ahi);
         o = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srl_epi64(o, k.ac), k.azs), k.alo), k.ahi);
@@ -902,8 +910,8 @@ constexpr i64 KC = 256;  // packed k per block (a multiple of every kstep)
 constexpr i64 NC = 192;  // columns per task (rounded to whole tiles)
 
 template <class TO>
-void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t0, i64 t1, const Resid& res, TO* y,
-               i64 ldy) {
+void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 total, i64 t0, i64 t1,
+               const Resid& res, TO* y, i64 ldy) {
   const Layout L = g.lay;
   const i64 kp = g.kp, rows = m1 - m0, padded = (rows + L.mr - 1) / L.mr * L.mr;
   thread_local std::vector<int16_t> a16;
@@ -917,11 +925,14 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t
   uint8_t* __restrict p8 = a8.data();
   int16_t* __restrict p16 = a16.data();
   const i64 k = g.k;
-  // rows already in the path's encoding (VNNI: uint8, sdot and smmla: int8), K a multiple of kalign, are read
-  // in place (but for a last, partial block of rows); the others are re-encoded by flipping bit 7 (+-128)
+  // rows already in the path's encoding (VNNI: uint8, sdot and smmla: int8) are read in place (but for a last,
+  // partial block of rows); the others are re-encoded by flipping bit 7 (+-128). Where K is not a multiple of
+  // kalign, a row read in place reads kp - K < kalign <= K <= lda bytes past its end: the next row's, times the
+  // packed B's zero rows past K, so they add nothing; the block holding A's last row (nothing after it) is copied.
   const bool flip = byte && g.a_code == (sbytes ? 1 : 0);
-  const bool direct = byte && !flip && kp == k;
-  const i64 in_place = direct ? rows / L.mr * L.mr : 0;
+  const bool direct = byte && !flip && (kp == k || (k >= L.kalign && lda >= k));
+  i64 in_place = direct ? rows / L.mr * L.mr : 0;
+  if (direct && kp != k && m1 == total) in_place = std::min(in_place, (rows - 1) / L.mr * L.mr);
   const uint8_t* a_rows = static_cast<const uint8_t*>(a_raw) + m0 * lda;
   auto byte_sum = [sbytes](const uint8_t* v, i64 n) {
     int32_t s = 0;
@@ -1039,8 +1050,8 @@ void run_all(const QGemm& g, const void* a, i64 lda, i64 rows, const Resid& res,
   auto one = [](void* data, size_t c) {
     const Task& t = *static_cast<Task*>(data);
     const i64 m0 = static_cast<i64>(c) / t.groups * MC, t0 = static_cast<i64>(c) % t.groups * t.per;
-    run_chunk(*t.g, t.a, t.lda, m0, std::min(t.rows, m0 + MC), t0, std::min(t.g->tiles, t0 + t.per), t.res, t.y,
-              t.ldy);
+    run_chunk(*t.g, t.a, t.lda, m0, std::min(t.rows, m0 + MC), t.rows, t0, std::min(t.g->tiles, t0 + t.per), t.res,
+              t.y, t.ldy);
   };
   const ivit::ParallelHook hook = ivit::parallel_hook();
   if (chunks <= 1) {
@@ -1521,6 +1532,54 @@ void repack_b(T* dst, const uint8_t* b, i64 k, i64 n, i64 kp, i64 nr, i64 ldk, i
     }
   }
 }
+#if IVIT_QGEMM_X86
+// Kᵀ (ldk 1) into the VNNI layout (nr 48, groups of 4 k): 16 columns' 64 k at a time (16 registers, each a
+// column's 64 bytes, flipped, zero past K or past n) as a 16 x 16 transpose of 4-byte groups, so that each group
+// of k is one store of 16 columns; colsum from the stored groups (vpdpbusd with ones). The same bytes as
+// repack_b<4>.
+IVIT_T_VNNI void repack_kt_vnni(int8_t* dst, const uint8_t* b, i64 k, i64 n, i64 kp, i64 ldn, uint8_t f,
+                                uint32_t* colsum) {
+  const __m512i fx = _mm512_set1_epi8(static_cast<char>(f)), ones = _mm512_set1_epi8(1);
+  for (i64 j = 0; j < n; j += 16) {
+    const i64 cols = std::min<i64>(16, n - j);
+    int8_t* tile = dst + j / 48 * 48 * kp + j % 48 * 4;
+    __m512i sum = _mm512_setzero_si512();
+    for (i64 k0 = 0; k0 < k; k0 += 64) {
+      const __mmask64 m = k - k0 >= 64 ? ~__mmask64(0) : (__mmask64(1) << (k - k0)) - 1;
+      const __m512i fm = _mm512_maskz_mov_epi8(m, fx);
+      __m512i r[16], u[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < cols ? _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, b + (j + i) * ldn + k0), fm)
+                        : _mm512_setzero_si512();
+      for (int i = 0; i < 16; i += 4) {  // u[i + s], lane L: rows i..i+3 at group 4L + s
+        const __m512i t0 = _mm512_unpacklo_epi32(r[i], r[i + 1]), t1 = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(r[i + 2], r[i + 3]), t3 = _mm512_unpackhi_epi32(r[i + 2], r[i + 3]);
+        u[i] = _mm512_unpacklo_epi64(t0, t2);
+        u[i + 1] = _mm512_unpackhi_epi64(t0, t2);
+        u[i + 2] = _mm512_unpacklo_epi64(t1, t3);
+        u[i + 3] = _mm512_unpackhi_epi64(t1, t3);
+      }
+      const i64 groups = std::min<i64>(16, (kp - k0) / 4);
+      for (int s = 0; s < 4; ++s) {  // group 4L + s: lane L of u[s], u[4 + s], u[8 + s], u[12 + s]
+        const __m512i v0 = _mm512_shuffle_i32x4(u[s], u[4 + s], 0x44), v1 = _mm512_shuffle_i32x4(u[s], u[4 + s], 0xEE);
+        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + s], u[12 + s], 0x44);
+        const __m512i v3 = _mm512_shuffle_i32x4(u[8 + s], u[12 + s], 0xEE);
+        const __m512i c[4] = {_mm512_shuffle_i32x4(v0, v2, 0x88), _mm512_shuffle_i32x4(v0, v2, 0xDD),
+                              _mm512_shuffle_i32x4(v1, v3, 0x88), _mm512_shuffle_i32x4(v1, v3, 0xDD)};
+        for (int l = 0; l < 4; ++l) {
+          const i64 g = 4 * l + s;
+          if (g >= groups) continue;
+          _mm512_storeu_si512(tile + (k0 / 4 + g) * 48 * 4, c[l]);
+          sum = _mm512_dpbusd_epi32(sum, ones, c[l]);
+        }
+      }
+    }
+    alignas(64) int32_t lanes[16];
+    _mm512_store_si512(lanes, sum);
+    for (i64 i = 0; i < cols; ++i) colsum[j + i] += static_cast<uint32_t>(lanes[i]);
+  }
+}
+#endif
 }  // namespace
 
 extern "C" void ivit_qgemm_repack(void* gp, const uint8_t* b, int64_t ldk, int64_t ldn, int flip, int64_t zb) {
@@ -1536,6 +1595,11 @@ extern "C" void ivit_qgemm_repack(void* gp, const uint8_t* b, int64_t ldk, int64
       default: repack_b<8>(dst, b, k, n, kp, nr, ldk, ldn, f, colsum.data()); break;
     }
   };
+#if IVIT_QGEMM_X86
+  if (g.isa == VNNI && ldk == 1) {
+    repack_kt_vnni(g.b8.data(), b, k, n, kp, ldn, f, colsum.data());
+  } else
+#endif
   if (!g.b8.empty()) pack(g.b8.data()); else pack(g.b16.data());
   const uint32_t zbj = static_cast<uint32_t>(zb), zae = static_cast<uint32_t>(g.za_enc);
   for (i64 j = 0; j < n; ++j) {

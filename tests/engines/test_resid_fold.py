@@ -295,7 +295,8 @@ def test_quantize_static_bias_iadds(tmp_path):
     compiled = compile_model(model)
     inits = {t.name for t in model.graph.initializer}
     constant_adds = [n for n in model.graph.node if n.op_type == "IAdd" and set(n.input[:2]) & inits]
-    assert compiled.counts["resid_fold"] == compiled.counts["qgemm"] - 1 > 0  # all but the head's GEMM
+    assert compiled.counts["patch_layout"] == 1  # the patch embedding's GEMM fuses too (no IAdd after it)
+    assert compiled.counts["resid_fold"] == compiled.counts["qgemm"] - 2 > 0  # all but the head and the patch
     assert compiled.counts["post_table"] == 2  # fc1's GELU, its chain tabulated over the bias IAdd's sum
     assert compiled.counts["second_add"] == 4  # proj's and fc2's residual IAdd after their bias IAdd
     assert len(constant_adds) >= compiled.counts["resid_fold"]

@@ -116,7 +116,8 @@ def test_int32_every_signedness_and_k(adt, bdt):
 
 def test_broadcast_transposed_and_threads():
     """MatMul's batch broadcasting (rank 2 against 4, 1 against n on either side) and 1-D promotion, B
-    transposed, 1 and 2 threads, fewer and more GEMMs than the split over GEMMs takes."""
+    transposed (K within and past one transposed block of 64), 1 and 2 threads, fewer and more GEMMs than the
+    split over GEMMs takes."""
     rng = np.random.default_rng(11)
     shapes = [
         ((3, 9, 16), (16, 13)),
@@ -124,6 +125,7 @@ def test_broadcast_transposed_and_threads():
         ((1, 3, 9, 16), (4, 1, 16, 13)),
         ((9, 16), (2, 3, 16, 13)),
         ((8, 3, 50, 64), (8, 3, 64, 50)),
+        ((2, 3, 21, 197), (2, 3, 197, 61)),  # K past one 64-byte block, odd; rows read in place past K
         ((16,), (2, 16, 13)),
         ((3, 9, 16), (16,)),
     ]

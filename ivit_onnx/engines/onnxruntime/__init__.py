@@ -2,7 +2,8 @@
 (:mod:`.compile`), run by any onnxruntime session that registers the library (:mod:`.session`); its
 :class:`~ivit_onnx.engines.base.Engine` is :mod:`.engine`.
 
-The rewrites, each exact and each a module here: the patch embedding as a GEMM (:mod:`.patch_gemm`), GEMM
+The rewrites, each exact and each a module here: the patch embedding as a GEMM (:mod:`.patch_gemm`), its
+per-channel ops on the GEMM's tokens (:mod:`.patch_layout`), GEMM
 operands re-encoded as uint8 (:mod:`.u8_gemm`), GEMM bias Adds folded into Requantize (:mod:`.bias_fold`) and
 Requantize chains as table lookups (:mod:`.chain_fold`).
 """

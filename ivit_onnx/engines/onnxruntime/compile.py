@@ -23,6 +23,7 @@ from .bias_fold import fold_bias
 from .chain_fold import fold_chains
 from .head_views import head_views, static_shapes
 from .patch_gemm import patch_gemm
+from .patch_layout import patch_layout
 from .qgemm_fold import fast_path, fold_qgemm
 from .resid_fold import POST, SECOND, fold_residuals
 from .u8_gemm import own_uint8_weights, recode, uint8_copies
@@ -64,6 +65,8 @@ class Compiled:
             "u8_weights") else []
         done += [f"{c['bias_fold']} GEMM bias Adds folded into Requantize"] if c.get("bias_fold") else []
         done += [f"{c['patch_gemm']} patch ConvInteger as MatMulInteger"] if c.get("patch_gemm") else []
+        done += [f"{c['patch_layout']} patch embeddings' per-channel ops on the GEMM's tokens (no transposes)"
+                 ] if c.get("patch_layout") else []
         done += [f"{c['chain_fold']} Requantize chains as table lookups"] if c.get("chain_fold") else []
         done += [f"{c['qgemm']} GEMM + Requantize pairs as the library's QGemm"] if c.get("qgemm") else []
         done += [f"{c['resid_fold']} IAdds in the QGemm epilogue"] if c.get("resid_fold") else []
@@ -109,6 +112,7 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
     recoded: set[str] = set()
     if patch:
         out, counts["patch_gemm"] = patch_gemm(out)
+        out, counts["patch_layout"] = patch_layout(out, keep=set(keep))
     if u8_gemm:
         done = recode(out)
         out, recoded, counts["u8_gemm"] = done.model, done.tensors, len(done.producers)
