@@ -94,8 +94,9 @@ struct ExpRows {
     e.assign(nq * nq, 0);
     for (i64 km = 0; km < nq; ++km)
       for (i64 j = 0; j <= km; ++j) e[km * nq + j] = exp(-(i64(t[km]) - t[j]));
-    planes.assign(nq <= 256 ? nq * 8 * 256 : 0, 0);
+    planes.assign(nq <= 256 ? nq * 8 * 256 : 0, 0);  // room for the most planes, then only those E needs
     np = planes.empty() ? 0 : ivit_exp_planes(e.data(), nq, planes.data());
+    planes.resize(np * nq * 256);
     key = std::move(k);
   }
 };

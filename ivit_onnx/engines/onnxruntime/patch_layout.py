@@ -18,6 +18,8 @@ from onnx import helper, numpy_helper
 
 from ivit_onnx.opset import DOMAIN
 
+from .qgemm_fold import _Graph
+
 # elementwise ops whose non-data inputs may be per-channel constants: (domain, op) -> data input index
 _PER_CHANNEL = {("", "Add"): None, (DOMAIN, "Requantize"): 0}
 _SHAPE_OPS = {"Shape", "Slice", "Concat", "Identity", "Gather", "Unsqueeze", "Squeeze", "Cast"}
@@ -32,23 +34,13 @@ def _perm(node: onnx.NodeProto) -> list[int]:
     return next((list(a.ints) for a in node.attribute if a.name == "perm"), [])
 
 
-class _Graph:
-    def __init__(self, g: onnx.GraphProto, keep=frozenset()):
-        self.g = g
-        self.init = {t.name: t for t in g.initializer}
-        self.producer = {o: n for n in g.node for o in n.output}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in g.node:
-            for i in n.input:
-                self.consumers.setdefault(i, []).append(n)
-        self.outputs = {o.name for o in g.output} | set(keep)  # tensors that must survive
+def _users(gr: _Graph, tensor: str) -> list[onnx.NodeProto]:
+    return [n for n, _ in gr.uses.get(tensor, [])]
 
-    def const(self, name: str) -> np.ndarray | None:
-        return numpy_helper.to_array(self.init[name]) if name in self.init else None
 
-    def only(self, name: str) -> onnx.NodeProto | None:
-        users = self.consumers.get(name, [])
-        return users[0] if len(users) == 1 and name not in self.outputs else None
+def _only(gr: _Graph, tensor: str) -> onnx.NodeProto | None:
+    """The only consumer of ``tensor``, if nothing protects it."""
+    return gr.uses[tensor][0][0] if gr.only_use(tensor) else None
 
 
 def _channel_vector(v: np.ndarray, c: int) -> np.ndarray | None:
@@ -64,20 +56,20 @@ def _channel_vector(v: np.ndarray, c: int) -> np.ndarray | None:
 def _flatten_target(gr: _Graph, reshape: onnx.NodeProto, chain: set[str], c: int, hw: int) -> bool:
     """Whether ``reshape`` takes [N, C, H, W] to [N, C, H*W]: a constant target [0 | -1 | N, C, H*W | -1], or
     torch's ``Concat(Slice(Shape(t), 0, 2), [-1])`` of a chain tensor t."""
-    target = gr.const(reshape.input[1])
+    target = gr.consts.get(reshape.input[1])
     if target is not None:
         t = target.tolist()
         return len(t) == 3 and t[1] == c and t[2] in (hw, -1) and (t[0] in (0, -1) or t[2] == hw)
     concat = gr.producer.get(reshape.input[1])
     if concat is None or concat.op_type != "Concat" or len(concat.input) != 2:
         return False
-    tail = gr.const(concat.input[1])
+    tail = gr.consts.get(concat.input[1])
     sl = gr.producer.get(concat.input[0])
     if tail is None or tail.tolist() != [-1] or sl is None or sl.op_type != "Slice" or len(sl.input) < 3:
         return False
-    starts, ends = gr.const(sl.input[1]), gr.const(sl.input[2])
-    axes = gr.const(sl.input[3]) if len(sl.input) > 3 and sl.input[3] else np.array([0])
-    steps = gr.const(sl.input[4]) if len(sl.input) > 4 and sl.input[4] else np.array([1])
+    starts, ends = gr.consts.get(sl.input[1]), gr.consts.get(sl.input[2])
+    axes = gr.consts.get(sl.input[3]) if len(sl.input) > 3 and sl.input[3] else np.array([0])
+    steps = gr.consts.get(sl.input[4]) if len(sl.input) > 4 and sl.input[4] else np.array([1])
     shape = gr.producer.get(sl.input[0])
     return (starts is not None and ends is not None and axes is not None and steps is not None
             and starts.tolist() == [0] and ends.tolist() == [2] and axes.tolist() in ([0], [-1])
@@ -91,14 +83,14 @@ def _match(gr: _Graph, first: onnx.NodeProto):
     gemm = gr.producer.get(first.input[0])
     if gemm is None or gemm.op_type != "MatMulInteger" or _perm(first) != [0, 2, 1]:
         return None
-    w = gr.const(gemm.input[1])
+    w = gr.consts.get(gemm.input[1])
     if w is None or w.ndim != 2:
         return None
     c = int(w.shape[1])
     rows = gr.producer.get(gemm.input[0])  # patch_gemm's [N, L, K] patches: L tokens
-    tokens = gr.const(rows.input[1]) if rows is not None and rows.op_type == "Reshape" else None
-    r1 = gr.only(first.output[0])
-    target = gr.const(r1.input[1]) if r1 is not None and r1.op_type == "Reshape" else None
+    tokens = gr.consts.get(rows.input[1]) if rows is not None and rows.op_type == "Reshape" else None
+    r1 = _only(gr, first.output[0])
+    target = gr.consts.get(r1.input[1]) if r1 is not None and r1.op_type == "Reshape" else None
     if tokens is None or tokens.ndim != 1 or len(tokens) != 3 or target is None or target.ndim != 1:
         return None
     if len(target) != 4 or target[0] not in (0, -1) or target[1] != c or min(target[2:]) < 1:
@@ -109,8 +101,8 @@ def _match(gr: _Graph, first: onnx.NodeProto):
     chain, shapes, tensor = [], [], r1.output[0]
     names = {tensor}
     while True:
-        users = gr.consumers.get(tensor, [])
-        if tensor in gr.outputs:
+        users = _users(gr, tensor)
+        if tensor in gr.protected:
             return None
         shapes += [u for u in users if _whole_shape(u)]
         data = [u for u in users if not _whole_shape(u)]
@@ -124,7 +116,7 @@ def _match(gr: _Graph, first: onnx.NodeProto):
         at = _PER_CHANNEL[(node.domain, node.op_type)]
         at = at if at is not None else next((k for k, i in enumerate(node.input) if i == tensor), -1)
         if node.input[at] != tensor or any(
-            k != at and (i == "" or gr.const(i) is None or _channel_vector(gr.const(i), c) is None)
+            k != at and (i == "" or gr.consts.get(i) is None or _channel_vector(gr.consts.get(i), c) is None)
             for k, i in enumerate(node.input)
         ):
             return None
@@ -132,10 +124,10 @@ def _match(gr: _Graph, first: onnx.NodeProto):
         tensor = node.output[0]
         names.add(tensor)
     r2 = node
-    users = gr.consumers.get(r2.output[0], [])
+    users = _users(gr, r2.output[0])
     flat = [u for u in users if _whole_shape(u)]  # reading [N, C, H*W]
     ends = [u for u in users if u not in flat]
-    if len(ends) != 1 or r2.output[0] in gr.outputs or not chain:
+    if len(ends) != 1 or r2.output[0] in gr.protected or not chain:
         return None
     last = ends[0]
     if last.op_type != "Transpose" or _perm(last) != [0, 2, 1]:
@@ -167,11 +159,9 @@ def patch_layout(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelPr
     out.CopyFrom(model)
     g = out.graph
     done = 0
+    gr = _Graph(g, keep)
     for first in [n for n in g.node if n.op_type == "Transpose"]:
-        gr = _Graph(g, keep)
-        if id(first) not in {id(n) for n in g.node}:
-            continue
-        found = _match(gr, first)
+        found = _match(gr, first)  # a Transpose a rewrite removed no longer reads a GEMM: no match
         if found is None:
             continue
         c, chw, chain, shapes, flat, gone = found
@@ -183,8 +173,8 @@ def patch_layout(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelPr
             inputs[at] = tensor
             for j, name in enumerate(inputs):
                 if j != at:
-                    v = _channel_vector(gr.const(name), c)
-                    if v.shape != gr.const(name).shape:
+                    v = _channel_vector(gr.consts.get(name), c)
+                    if v.shape != gr.consts.get(name).shape:
                         inputs[j] = f"{tag}/{k}/{j}"
                         g.initializer.append(numpy_helper.from_array(v, inputs[j]))
             output = gone[-1].output[0] if k == len(chain) - 1 else f"{tag}/{k}"
@@ -225,6 +215,7 @@ def patch_layout(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.ModelPr
         del g.value_info[:]
         g.value_info.extend(kept)
         done += 1
+        gr = _Graph(g, keep)
     if done:
         _drop_dead_shapes(g)
     return out, done
