@@ -85,7 +85,9 @@ void parallel_for(i64 n, int threads, i64 grain, F body) {
   for (auto& th : pool) th.join();
 }
 
-constexpr i64 GRAIN = 1 << 15;  // elements per thread below which one thread does it all
+// elements below which one thread does it all; onnxruntime's pool gets chunks of about this many, enough of
+// them to balance its threads (a row kernel on DeiT-Tiny: 37 chunks, not 9)
+constexpr i64 GRAIN = 1 << 13;
 
 // Walk an (outer, nc, inner) tensor in parallel segments: fixed(start, len, ch) for runs of one channel,
 // along(start) for a row of nc elements whose channel is the position in the row (inner == 1).
@@ -667,6 +669,22 @@ inline bool rows_fast() {
   return on;
 }
 
+// Whether ILayerNorm's AVX-512 output loop runs (cached): rows_fast(), an x86-64 CPU with AVX-512 F, BW, DQ and
+// VL, and neither IVIT_NO_AVX2 (the portable loops) nor IVIT_ROWS_AVX2 (the AVX2 loops) set.
+inline bool rows_avx512() {
+#if IVIT_AVX2_PATH
+  static const bool on = [] {
+    __builtin_cpu_init();
+    return rows_fast() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && !env_on("IVIT_NO_AVX2") &&
+           !env_on("IVIT_ROWS_AVX2");
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
+
 // Whether their explicit vector loops run (cached): rows_fast(), and on x86-64 a CPU with AVX2 and without
 // AVX-512F (or IVIT_ROWS_AVX2 set), unless IVIT_NO_AVX2 is set; every aarch64 CPU (NEON).
 inline bool rows_vector() {
@@ -746,7 +764,9 @@ struct LnVector {
   std::vector<i64> hb, hf, z, negc;
   LnVector(int ti, i64 len, i64 shift_in, i64 p, const std::vector<i64>& b, const std::vector<i64>& c,
            const std::vector<i64>& half, const std::vector<i64>& bias, i64 zy) {
-    if (!rows_vector() || (ti != I8 && ti != U8) || shift_in < 0 || shift_in > 22 || p > 30 || p < -2) return;
+    if (!(rows_vector() || rows_avx512()) || (ti != I8 && ti != U8) || shift_in < 0 || shift_in > 22 || p > 30 ||
+        p < -2)
+      return;
     const i64 dmax = i64(255) << shift_in;  // < 2**30
     if (static_cast<double>(len) * static_cast<double>(dmax) * static_cast<double>(dmax) >= 0x1p61) return;
     for (i64 j = 0; j < len; ++j)
@@ -816,6 +836,98 @@ IVIT_AVX2 i64 layernorm_out_avx2(const TI* __restrict x, TO* __restrict y, i64 l
     store16(y + j, low32(r[0], r[1]), low32(r[2], r[3]));
   }
   return j;
+}
+
+#define IVIT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+// layernorm_out_x under LnVector's preconditions (its proof) and TO's range holding [lo, hi] (lo <= hi), in int64
+// lanes: t = x * (f << shift_in) - mean * f is d * f in Z/2**64 (a ring identity: the scalar loop's value),
+// u = t >> ush (vpsraq), u * b[j] one exact vpmuldq (u and b int32 by the proof), the rescale's floor shift
+// vpsraq/vpsravq, the clip vpmaxsq/vpminsq (lo <= hi: clip's value). 32 at a time, narrowed by a permute and
+// saturating packs, which change nothing in TO's range; then 8 at a time, by a truncating vpmovq*.
+template <bool UNIFORM, class TI, class TO>
+IVIT_AVX512 i64 layernorm_out_avx512(const TI* __restrict x, TO* __restrict y, i64 len, i64 shift_in, i64 mean,
+                                     i64 f, i64 ush, const i64* b, const i64* hb, const i64* c, i64 zy, i64 lo,
+                                     i64 hi) {
+  const __m512i vf = _mm512_set1_epi64(static_cast<i64>(static_cast<u64>(f) << shift_in));
+  const __m512i vm = _mm512_set1_epi64(static_cast<i64>(static_cast<u64>(mean) * static_cast<u64>(f)));
+  const __m512i vb = _mm512_set1_epi64(b[0]), vz = _mm512_set1_epi64(zy);
+  const __m512i vlo = _mm512_set1_epi64(lo), vhi = _mm512_set1_epi64(hi);
+  const __m128i vu = _mm_cvtsi64_si128(ush), vc = _mm_cvtsi64_si128(c[0]);
+  struct Eight {
+    const TI* x;
+    const i64 *b, *hb, *c;
+    __m512i vf, vm, vb, vz, vlo, vhi;
+    __m128i vu, vc;
+    IVIT_AVX512 __m512i operator()(i64 i) const {
+      const __m128i x8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + i));
+      const __m512i xv = std::is_signed_v<TI> ? _mm512_cvtepi8_epi64(x8) : _mm512_cvtepu8_epi64(x8);
+      const __m512i u = _mm512_sra_epi64(_mm512_sub_epi64(_mm512_mullo_epi64(xv, vf), vm), vu);
+      __m512i w;
+      if constexpr (UNIFORM) {
+        w = _mm512_sra_epi64(_mm512_add_epi64(_mm512_mul_epi32(u, vb), _mm512_loadu_si512(hb + i)), vc);
+      } else {
+        w = _mm512_add_epi64(_mm512_mul_epi32(u, _mm512_loadu_si512(b + i)), _mm512_loadu_si512(hb + i));
+        w = _mm512_srav_epi64(w, _mm512_loadu_si512(c + i));
+      }
+      return _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(w, vz), vlo), vhi);
+    }
+  };
+  const Eight eight{x, b, hb, c, vf, vm, vb, vz, vlo, vhi, vu, vc};
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i qorder = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
+  const __m512i dorder = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  i64 j = 0;
+  for (; j + 32 <= len; j += 32) {
+    const __m512i d01 = _mm512_permutex2var_epi32(eight(j), even, eight(j + 8));
+    const __m512i d23 = _mm512_permutex2var_epi32(eight(j + 16), even, eight(j + 24));
+    if constexpr (sizeof(TO) == 4) {
+      _mm512_storeu_si512(y + j, d01);
+      _mm512_storeu_si512(y + j + 16, d23);
+    } else {
+      const __m512i h = _mm512_packs_epi32(d01, d23);  // per 128-bit lane: 4 of d01, then 4 of d23
+      if constexpr (sizeof(TO) == 2) {
+        _mm512_storeu_si512(y + j, _mm512_permutexvar_epi64(qorder, h));
+      } else {
+        const __m512i b8 = std::is_signed_v<TO> ? _mm512_packs_epi16(h, h) : _mm512_packus_epi16(h, h);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j),
+                            _mm512_castsi512_si256(_mm512_permutexvar_epi32(dorder, b8)));
+      }
+    }
+  }
+  for (; j + 8 <= len; j += 8) {
+    const __m512i w = eight(j);
+    if constexpr (sizeof(TO) == 1)
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(y + j), _mm512_cvtepi64_epi8(w));
+    else if constexpr (sizeof(TO) == 2)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y + j), _mm512_cvtepi64_epi16(w));
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm512_cvtepi64_epi32(w));
+  }
+  return j;
+}
+
+// row_sums of an 8-bit row, 32 at a time: x widened to int16, x*x and x*1 summed in pairs by vpmaddwd into
+// int32 lanes (exact under row_sums' bound, len <= 2**15: |Sx| < 2**23, Sxx < 2**31), the tail scalar
+template <class TI>
+IVIT_AVX512 void row_sums_avx512(const TI* __restrict x, i64 len, i64& sx, i64& sxx) {
+  const __m512i ones = _mm512_set1_epi16(1);
+  __m512i s = _mm512_setzero_si512(), q = _mm512_setzero_si512();
+  i64 j = 0;
+  for (; j + 32 <= len; j += 32) {
+    const __m256i x8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+    const __m512i w = std::is_signed_v<TI> ? _mm512_cvtepi8_epi16(x8) : _mm512_cvtepu8_epi16(x8);
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(w, ones));
+    q = _mm512_add_epi32(q, _mm512_madd_epi16(w, w));
+  }
+  int32_t a = _mm512_reduce_add_epi32(s), b = _mm512_reduce_add_epi32(q);
+  for (; j < len; ++j) {
+    const int32_t v = x[j];
+    a += v;
+    b += v * v;
+  }
+  sx = a;
+  sxx = b;
 }
 
 // index_max under IndexVector's preconditions, 16 at a time: the indices, and the largest into km
@@ -1040,22 +1152,46 @@ int layernorm_rows(const void* x, int ti, i64 rows, i64 len, const i64* b, const
       const bool uniform = std::all_of(bb.begin(), bb.end(), [&](i64 v) { return v == bb[0]; }) &&
                            std::all_of(cc.begin(), cc.end(), [&](i64 v) { return v == cc[0]; });
       parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 lo, i64 hi) {
+        // a block's means and reciprocals first, then its outputs: the rows' divisions and square roots are
+        // independent of each other, so they overlap instead of each row's chain stalling its output loop
+        constexpr i64 BLOCK = 16;
+        i64 ms[BLOCK], fs[BLOCK];
         for (i64 r = lo; r < hi; ++r) {
+          if ((r - lo) % BLOCK == 0)
+            for (i64 q = r; q < std::min(hi, r + BLOCK); ++q) {
+              const TI* xq = as<TI>(x) + q * len;
+              i64 sx, sxx;
+#if IVIT_AVX2_PATH
+              if constexpr (sizeof(TI) == 1) {
+                if (rows_avx512() && len <= (i64(1) << 15))
+                  row_sums_avx512(xq, len, sx, sxx);
+                else
+                  row_sums(xq, len, sx, sxx);
+              } else
+#endif
+                row_sums(xq, len, sx, sxx);
+              i64 m;
+              if constexpr (std::is_same_v<Mean, RowMean>)
+                m = floor_div(sx * scale, len);  // RowMean's value: its sum is sx
+              else
+                m = mean(xq, len, scale);
+              ms[q - r] = m;
+              fs[q - r] = floor_div(i64(1) << 61, root(std::max<i64>(sum_squares(sx, sxx, len, scale, m), 1)));
+            }
           const TI* xr = as<TI>(x) + r * len;
           TO* yr = static_cast<TO*>(y) + r * len;
-          i64 sx, sxx;
-          row_sums(xr, len, sx, sxx);
-          i64 m;
-          if constexpr (std::is_same_v<Mean, RowMean>)
-            m = floor_div(sx * scale, len);  // RowMean's value: its sum is sx
-          else
-            m = mean(xr, len, scale);
-          const i64 f = floor_div(i64(1) << 61, root(std::max<i64>(sum_squares(sx, sxx, len, scale, m), 1)));
+          const i64 m = ms[(r - lo) % BLOCK], f = fs[(r - lo) % BLOCK];
           i64 done = 0;
           if constexpr (sizeof(TI) == 1) {
             if (vec.on) {
 #if IVIT_AVX2_PATH
-              done = layernorm_out_avx2(xr, yr, len, shift_in, m, f, ush, bb.data(), cc.data(), vec, qmin, qmax);
+              if (!rows_avx512())
+                done = layernorm_out_avx2(xr, yr, len, shift_in, m, f, ush, bb.data(), cc.data(), vec, qmin, qmax);
+              else if (qmin <= qmax && qmin >= std::numeric_limits<TO>::min() && qmax <= std::numeric_limits<TO>::max())
+                done = uniform ? layernorm_out_avx512<true>(xr, yr, len, shift_in, m, f, ush, bb.data(), hb.data(),
+                                                            cc.data(), zy, qmin, qmax)
+                               : layernorm_out_avx512<false>(xr, yr, len, shift_in, m, f, ush, bb.data(), hb.data(),
+                                                             cc.data(), zy, qmin, qmax);
 #elif IVIT_NEON_PATH
               done = layernorm_out_neon(xr, yr, len, shift_in, m, f, ush, bb.data(), vec, zy, qmin, qmax);
 #endif
@@ -1225,8 +1361,17 @@ IVIT_VBMI void index_shiftmax_vbmi(const uint8_t* k, i64 rows, i64 len, const i6
     const i64* row = e_rows + km * nq;
     __m512i t[4] = {zero, zero, zero, zero};
     if (post) {
+      // the table's indices 8 at a time (vpmullq, vpsraq: the scalar int64 product and shift; the cast to int32 a
+      // truncation, vpmovqd), then the lookups one at a time
       alignas(64) uint8_t yt[256];
-      for (i64 q = kmin; q <= km; ++q) yt[q] = static_cast<uint8_t>(post[static_cast<int32_t>((row[q] * f) >> sh)]);
+      alignas(64) int32_t at[256];
+      const __m512i vf = _mm512_set1_epi64(f);
+      for (i64 q0 = kmin / 8 * 8; q0 <= km; q0 += 8) {
+        const __mmask8 m = static_cast<__mmask8>(km - q0 >= 7 ? 0xFF : (1u << (km - q0 + 1)) - 1);
+        const __m512i v = _mm512_sra_epi64(_mm512_mullo_epi64(_mm512_maskz_loadu_epi64(m, row + q0), vf), vs);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(at + q0), _mm512_cvtepi64_epi32(v));
+      }
+      for (i64 q = kmin; q <= km; ++q) yt[q] = static_cast<uint8_t>(post[at[q]]);
       for (int q = 0; q < 4; ++q) t[q] = _mm512_load_si512(yt + 64 * q);
     } else {
       const __m512i vf = _mm512_set1_epi64(f);
@@ -1583,7 +1728,7 @@ int ivit_shiftmax_vbmi() {
 
 // Which loops the row kernels' fast paths take here (their section): 0 the generic ones (IVIT_GENERIC_ROWS),
 // 1 the portable ones, 2 AVX2, 3 NEON; for the tests.
-int ivit_rows_path() { return !rows_fast() ? 0 : !rows_vector() ? 1 : IVIT_NEON_PATH ? 3 : 2; }
+int ivit_rows_path() { return !rows_fast() ? 0 : rows_avx512() ? 4 : !rows_vector() ? 1 : IVIT_NEON_PATH ? 3 : 2; }
 
 // 1 where the AVX2 rescale loops run on this CPU (avx2_path), else 0: for the tests.
 int ivit_rescale_avx2() { return avx2_path() ? 1 : 0; }

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -181,6 +182,13 @@ struct Stage {
   i64 mv = 0, mr = 0, ac = 0, azy = 0, alo = 0, ahi = 0, azs = 0;
   i64 mv_lo = 0, mv_hi = 0, mr_lo = 0, mr_hi = 0;
   std::vector<i64> r_off, vr_off;
+  // x86's form for a constant addend with mv = 2**s, s <= c (pow2; quantize_static's bias IAdd: mv = 2**c):
+  // with no wrap in u = v * 2**s + r_off (|v| < 2**16, s <= 46, |r_off| < 2**62), u >> c =
+  // (v + (r_off >> s)) >> (c - s), so the stage is v + cst[n], a shift by c - s (pshift) and the clip, in int32
+  // lanes (|cst| < 2**30)
+  bool pow2 = false;
+  i64 pshift = 0;
+  std::vector<int32_t> cst;
 };
 
 struct QGemm {
@@ -195,6 +203,15 @@ struct QGemm {
   // whole tiles: off = (h ^ 2**63) - zx * b and zs = zy - 2**(63 - c) (kernels.cpp's flip_h and shifted_zy);
   // on aarch64 (an arithmetic shift by a vector of counts) off = h - zx * b
   bool fast = false, zb_zero = false;
+  // x86's high-dword form of it (hi32), where every column has 33 <= c <= 62, qmin <= qmax and the bounds below
+  // hold. With |dot| <= K * 255 * 255 = D, |D| + |zx| < 2**31: acc - zx is an int32, so it is acc with
+  // corr2 = corr + zx (mod 2**32) taken off; P = (acc - zx) * b is one exact vpmuldq, and the scalar epilogue's
+  // ((P + 2**(c-1)) >> c) + zy = ((P >> 32) + rnd) >> (c - 32) with rnd = 2**(c-33) + zy * 2**(c-32) (2**(c-1)
+  // and zy * 2**c being multiples of 2**32 and 2**c). P >> 32 is the high dword of a 64-bit lane (no shift for
+  // the odd columns), and |P >> 32| + |rnd| < 2**31 (checked per column), so the rest runs in int32 lanes, the
+  // clip included (lo <= hi: clip's value). sh32 = c - 32 (past n: 0).
+  bool hi32 = false;
+  std::vector<int32_t> corr2, rnd, sh32;
   // the int32 accumulator is the output (QBatchMatMul's int32 form: multiplier 1, shift 0, zero points 0, the
   // int32 range, no table): y = acc, mod 2**32, with no rescale (identity_rows)
   bool identity = false;
@@ -210,6 +227,10 @@ struct QGemm {
   // Two stages where a second IAdd reads the first's sum (QGemmAddAdd: quantize_static's bias, then the
   // residual), the second's v the first's sum; at most one of them reads the activation r (add_act, r_code).
   bool has_add = false, add_act = false, add_fast = false;
+  // the AVX-512 stage's high-dword form (hadd: VNNI, add_fast, every stage with 32 <= c and alo - azy, ahi - azy
+  // int32): u >> c = (u >> 32) >> (c - 32), u's high dwords gathered by one permute, then the clip as
+  // clip(w, alo - azy, ahi - azy) + azy in int32 lanes (alo <= ahi: clip's value)
+  bool hadd = false;
   int r_code = 0, stages = 0;
   Stage st[2];
   const Stage& last() const { return st[stages - 1]; }
@@ -544,20 +565,30 @@ IVIT_T_EPI inline void store16(__m512i v, TO* y, __mmask16 m) {
 // rows. A row's 16 columns split even / odd into int64 lanes (vpmuldq reads a lane's low half: no widening
 // shuffles); then acc * b + off as above, the clip on int64, the table (vpermt2b, or a gather), and the
 // residual stage (vpmullq: the low 64 bits, exact mod 2**64).
-template <class TO>
+template <bool HI32, bool HADD, class TO>
 IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr, const int32_t* rowsum, i64 m0,
                                      i64 rows, i64 n0, i64 cols, const Resid& res, TO* y, i64 ldy) {
   const __m512i lo = _mm512_set1_epi64(g.qmin), hi = _mm512_set1_epi64(g.qmax);
   const __m512i qmin = _mm512_set1_epi32(static_cast<int32_t>(g.qmin));
+  const __m512i qmax = _mm512_set1_epi32(static_cast<int32_t>(g.qmax));
   struct Consts {
-    __m512i mv, mr, azs, alo, ahi;
-    __m128i ac;
+    __m512i mv, mr, azs, alo, ahi, lo_z, hi_z, azy;
+    __m128i ac, ac32;
   } cs[2];  // stages past g.stages unread (no zeroing: this runs once per tile)
   for (int i = 0; i < g.stages; ++i) {
     const Stage& t = g.st[i];
-    cs[i] = {_mm512_set1_epi64(t.mv),  _mm512_set1_epi64(t.mr),  _mm512_set1_epi64(t.azs),
-             _mm512_set1_epi64(t.alo), _mm512_set1_epi64(t.ahi), _mm_cvtsi64_si128(t.ac)};
+    cs[i] = {_mm512_set1_epi64(t.mv),
+             _mm512_set1_epi64(t.mr),
+             _mm512_set1_epi64(t.azs),
+             _mm512_set1_epi64(t.alo),
+             _mm512_set1_epi64(t.ahi),
+             _mm512_set1_epi32(static_cast<int32_t>(t.alo - t.azy)),
+             _mm512_set1_epi32(static_cast<int32_t>(t.ahi - t.azy)),
+             _mm512_set1_epi32(static_cast<int32_t>(t.azy)),
+             _mm_cvtsi64_si128(t.ac),
+             _mm_cvtsi64_si128(!HADD ? 0 : t.pow2 ? t.pshift : t.ac - 32)};
   }
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   const bool tab = !g.table.empty();
   const __m512i alo32 = _mm512_set1_epi32(static_cast<int32_t>(g.has_add ? g.last().alo : 0));
   __m512i t8[4], p8[4];  // read only where loaded
@@ -569,20 +600,29 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
   for (i64 j = 0; j < cols; j += 16) {
     const i64 n = n0 + j;
     const __mmask16 mask = static_cast<__mmask16>(cols - j >= 16 ? 0xFFFF : (1u << (cols - j)) - 1);
-    const __m512i corr = _mm512_loadu_si512(&g.corr[n]), zb = _mm512_loadu_si512(&g.zb[n]);
+    const __m512i corr = _mm512_loadu_si512(HI32 ? &g.corr2[n] : &g.corr[n]), zb = _mm512_loadu_si512(&g.zb[n]);
     const Pair mult = split(&g.mult[n]), off = split(&g.off[n]), sh = split(&g.shift[n]), zs = split(&g.zs[n]);
+    __m512i rnd = qmin, sh32 = qmin;
+    if constexpr (HI32) rnd = _mm512_loadu_si512(&g.rnd[n]), sh32 = _mm512_loadu_si512(&g.sh32[n]);
     Pair roff[2] = {off, off};
     for (int i = 0; i < g.stages; ++i) roff[i] = split(&g.st[i].vr_off[n]);
     for (i64 r = 0; r < rows; ++r) {
       __m512i acc = _mm512_sub_epi32(_mm512_load_si512(tile + r * nr + j), corr);
       if (!g.zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zb, _mm512_set1_epi32(rowsum[r])));
-      __m512i e = _mm512_add_epi64(_mm512_mul_epi32(acc, mult.e), off.e);
-      __m512i o = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(acc, 32), mult.o), off.o);
-      e = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srlv_epi64(e, sh.e), zs.e), lo), hi);
-      o = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srlv_epi64(o, sh.o), zs.o), lo), hi);
+      __m512i e = _mm512_mul_epi32(acc, mult.e), o = _mm512_mul_epi32(_mm512_srli_epi64(acc, 32), mult.o);
+      __m512i v;  // the clipped values in int32 lanes (column order)
+      if constexpr (HI32) {  // QGemm's hi32 form
+        v = _mm512_add_epi32(_mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e, 32), o), rnd);
+        v = _mm512_min_epi32(_mm512_max_epi32(_mm512_srav_epi32(v, sh32), qmin), qmax);
+        if (!HADD && g.has_add && !tab) e = even64(v), o = odd64(v);
+      } else {
+        e = _mm512_add_epi64(e, off.e), o = _mm512_add_epi64(o, off.o);
+        e = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srlv_epi64(e, sh.e), zs.e), lo), hi);
+        o = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(_mm512_srlv_epi64(o, sh.o), zs.o), lo), hi);
+        v = HADD || !g.has_add || tab ? join32(e, o) : e;  // the residual stage without a table reads e, o
+      }
       TO* yr = y + r * ldy + j;
       if (!g.has_add) {
-        const __m512i v = join32(e, o);
         if constexpr (sizeof(TO) == 1) {
           if (g.vbmi_table) {
             store_bytes16(vbmi16(t8, _mm512_cvtepi32_epi8(_mm512_sub_epi32(v, qmin))), yr, mask);
@@ -592,8 +632,60 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
         store16(tab ? _mm512_i32gather_epi32(_mm512_sub_epi32(v, qmin), g.table.data(), 4) : v, yr, mask);
         continue;
       }
+      if constexpr (HADD) {  // QGemm's hadd form: v and the sums in int32 lanes, column order
+        __m512i w = v;
+        if (tab) {  // v through the table (entries already v's type)
+          const __m512i k = _mm512_sub_epi32(v, qmin);
+          if (g.vbmi_table) {
+            const __m128i b = vbmi16(t8, _mm512_cvtepi32_epi8(k));
+            w = g.st[0].mid_code == I8 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+          } else {
+            w = _mm512_i32gather_epi32(k, g.table.data(), 4);
+          }
+        }
+        __m512i rl = _mm512_setzero_si512(), rh = rl;  // the residual's columns 0-7 and 8-15 as int64
+        if (g.add_act) {
+          const i64 m = m0 + r, at = (m < res.rows ? m : m % res.rows) * g.n + n;
+          const __m512i rv = load16(static_cast<const char*>(res.r) + at * rsize, g.r_code, mask);
+          rl = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(rv));
+          rh = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(rv, 1));
+        }
+        for (int i = 0; i < g.stages; ++i) {  // u = v * mv (+ r * mr) + r_off mod 2**64, in 64-bit lanes
+          const Consts& k = cs[i];
+          if (g.st[i].pow2) {  // Stage::pow2: (v + cst) >> (c - s)
+            w = _mm512_sra_epi32(_mm512_add_epi32(w, _mm512_loadu_si512(&g.st[i].cst[n])), k.ac32);
+            w = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(w, k.lo_z), k.hi_z), k.azy);
+            continue;
+          }
+          const bool wide = g.st[i].wide;
+          const i64* ro = &g.st[i].r_off[n];
+          __m512i ul = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(w));
+          __m512i uh = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(w, 1));
+          ul = _mm512_add_epi64(mul_stage(ul, k.mv, wide), _mm512_loadu_si512(ro));
+          uh = _mm512_add_epi64(mul_stage(uh, k.mv, wide), _mm512_loadu_si512(ro + 8));
+          if (g.st[i].act) {
+            ul = _mm512_add_epi64(ul, mul_stage(rl, k.mr, wide));
+            uh = _mm512_add_epi64(uh, mul_stage(rh, k.mr, wide));
+          }
+          w = _mm512_sra_epi32(_mm512_permutex2var_epi32(ul, odd, uh), k.ac32);  // u >> 32, then >> (c - 32)
+          w = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(w, k.lo_z), k.hi_z), k.azy);
+        }
+        if (g.post.empty()) {
+          store16(w, yr, mask);
+          continue;
+        }
+        const __m512i k = _mm512_sub_epi32(w, alo32);  // through the table after the stage
+        if constexpr (sizeof(TO) == 1) {
+          if (g.vbmi_post) {
+            store_bytes16(vbmi16(p8, _mm512_cvtepi32_epi8(k)), yr, mask);
+            continue;
+          }
+        }
+        store16(_mm512_i32gather_epi32(k, g.post.data(), 4), yr, mask);
+        continue;
+      }
       if (tab) {  // v through the table (entries already v's type), as int32 lanes
-        const __m512i k = _mm512_sub_epi32(join32(e, o), qmin);
+        const __m512i k = _mm512_sub_epi32(v, qmin);
         __m512i w;
         if (g.vbmi_table) {
           const __m128i b = vbmi16(t8, _mm512_cvtepi32_epi8(k));
@@ -733,11 +825,12 @@ IVIT_T_AVX2 inline __m256i stage_avx2(const Stage& s, const AddAvx2& k, __m256i 
 // constants held across the rows, even / odd columns in int64 lanes (vpmuldq reads a lane's low half), the
 // clips by compare and blend; the residual stage multiplies by m = hi * 2**31 + lo as two signed 32 x 32-bit
 // products where a multiplier is past int32 (add_wide), exact mod 2**64; tables by vpgatherdd.
-template <class TO>
+template <bool HI32, class TO>
 IVIT_T_AVX2 void epilogue_tile_avx2(const QGemm& g, const int32_t* tile, i64 nr, const int32_t* rowsum, i64 m0,
                                     i64 rows, i64 n0, i64 cols, const Resid& res, TO* y, i64 ldy) {
   const __m256i lo = _mm256_set1_epi64x(g.qmin), hi = _mm256_set1_epi64x(g.qmax);
   const __m256i qmin = _mm256_set1_epi32(static_cast<int32_t>(g.qmin));
+  const __m256i qmax = _mm256_set1_epi32(static_cast<int32_t>(g.qmax));
   const __m256i alo32 = _mm256_set1_epi32(static_cast<int32_t>(g.has_add ? g.last().alo : 0));
   AddAvx2 ks[2] = {};
   for (int i = 0; i < g.stages; ++i) {
@@ -750,18 +843,26 @@ IVIT_T_AVX2 void epilogue_tile_avx2(const QGemm& g, const int32_t* tile, i64 nr,
   const i64 rsize = g.r_code == I16 ? 2 : (g.r_code == I32 ? 4 : 1);
   for (i64 j = 0; j < cols; j += 8) {
     const i64 n = n0 + j, left = std::min<i64>(8, cols - j);
-    const __m256i corr = ld(&g.corr[n]), zb = ld(&g.zb[n]);
+    const __m256i corr = ld(HI32 ? &g.corr2[n] : &g.corr[n]), zb = ld(&g.zb[n]);
     const Pair4 mult = split4(&g.mult[n]), off = split4(&g.off[n]), sh = split4(&g.shift[n]), zs = split4(&g.zs[n]);
+    __m256i rnd = qmin, sh32 = qmin;
+    if constexpr (HI32) rnd = ld(&g.rnd[n]), sh32 = ld(&g.sh32[n]);
     Pair4 roff[2] = {off, off};
     for (int i = 0; i < g.stages; ++i) roff[i] = split4(&g.st[i].vr_off[n]);
     for (i64 r = 0; r < rows; ++r) {
       __m256i acc = _mm256_sub_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(tile + r * nr + j)), corr);
       if (!g.zb_zero) acc = _mm256_sub_epi32(acc, _mm256_mullo_epi32(zb, _mm256_set1_epi32(rowsum[r])));
-      __m256i e = _mm256_add_epi64(_mm256_mul_epi32(acc, mult.e), off.e);
-      __m256i o = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(acc, 32), mult.o), off.o);
-      e = clip64(_mm256_add_epi64(_mm256_srlv_epi64(e, sh.e), zs.e), lo, hi);
-      o = clip64(_mm256_add_epi64(_mm256_srlv_epi64(o, sh.o), zs.o), lo, hi);
-      __m256i v = join8(e, o);
+      __m256i e = _mm256_mul_epi32(acc, mult.e), o = _mm256_mul_epi32(_mm256_srli_epi64(acc, 32), mult.o);
+      __m256i v;
+      if constexpr (HI32) {  // QGemm's hi32 form
+        v = _mm256_add_epi32(_mm256_blend_epi32(_mm256_srli_epi64(e, 32), o, 0xAA), rnd);
+        v = _mm256_min_epi32(_mm256_max_epi32(_mm256_srav_epi32(v, sh32), qmin), qmax);
+      } else {
+        e = _mm256_add_epi64(e, off.e), o = _mm256_add_epi64(o, off.o);
+        e = clip64(_mm256_add_epi64(_mm256_srlv_epi64(e, sh.e), zs.e), lo, hi);
+        o = clip64(_mm256_add_epi64(_mm256_srlv_epi64(o, sh.o), zs.o), lo, hi);
+        v = join8(e, o);
+      }
       if (tab) v = _mm256_i32gather_epi32(g.table.data(), _mm256_sub_epi32(v, qmin), 4);
       TO* yr = y + r * ldy + j;
       if (!g.has_add) {
@@ -773,13 +874,20 @@ IVIT_T_AVX2 void epilogue_tile_avx2(const QGemm& g, const int32_t* tile, i64 nr,
         const i64 m = m0 + r, at = (m < res.rows ? m : m % res.rows) * g.n + n;
         rv = load8(static_cast<const char*>(res.r) + at * rsize, g.r_code, left);
       }
-      e = v, o = _mm256_srli_epi64(v, 32);  // each stage's v: the previous one's sums
       const __m256i ro = _mm256_srli_epi64(rv, 32);
-      for (int i = 0; i < g.stages; ++i) {
-        e = stage_avx2(g.st[i], ks[i], e, rv, roff[i].e);
-        o = stage_avx2(g.st[i], ks[i], o, ro, roff[i].o);
+      for (int i = 0; i < g.stages; ++i) {  // each stage's v: the previous one's sums
+        const Stage& t = g.st[i];
+        if (t.pow2) {  // Stage::pow2: (v + cst) >> (c - s), the clip, in int32 lanes
+          v = _mm256_sra_epi32(_mm256_add_epi32(v, ld(&t.cst[n])), _mm_cvtsi64_si128(t.pshift));
+          v = _mm256_min_epi32(_mm256_max_epi32(v, _mm256_set1_epi32(static_cast<int32_t>(t.alo - t.azy))),
+                               _mm256_set1_epi32(static_cast<int32_t>(t.ahi - t.azy)));
+          v = _mm256_add_epi32(v, _mm256_set1_epi32(static_cast<int32_t>(t.azy)));
+          continue;
+        }
+        e = stage_avx2(t, ks[i], v, rv, roff[i].e);
+        o = stage_avx2(t, ks[i], _mm256_srli_epi64(v, 32), ro, roff[i].o);
+        v = join8(e, o);
       }
-      v = join8(e, o);
       if (!g.post.empty()) v = _mm256_i32gather_epi32(g.post.data(), _mm256_sub_epi32(v, alo32), 4);
       store8(v, yr, left);
     }
@@ -1022,10 +1130,16 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t
     }
 #if IVIT_QGEMM_X86
     if (g.fast && (g.isa == VNNI || g.isa == AVX2)) {
-      if (g.isa == VNNI)
-        epilogue_tile_avx512(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, y + m0 * ldy + n0, ldy);
-      else
-        epilogue_tile_avx2(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, y + m0 * ldy + n0, ldy);
+      TO* yt = y + m0 * ldy + n0;
+      if (g.isa == VNNI) {
+        if (g.hi32 && g.hadd) epilogue_tile_avx512<true, true>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
+        else if (g.hi32) epilogue_tile_avx512<true, false>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
+        else if (g.hadd) epilogue_tile_avx512<false, true>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
+        else epilogue_tile_avx512<false, false>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
+      } else {
+        if (g.hi32) epilogue_tile_avx2<true>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
+        else epilogue_tile_avx2<false>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
+      }
       continue;
     }
 #endif
@@ -1268,6 +1382,15 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
       const bool inside = i ? adds[0]->qmin >= type_lo[t.mid_code] && adds[0]->qmax <= type_hi[t.mid_code]
                             : table || (qmin >= type_lo[out_code] && qmax <= type_hi[out_code]);
       g->add_fast = g->add_fast && fits62(a->mv) && fits62(a->mr) && fits(a->qmin) && fits(a->qmax) && inside;
+      const i64 s = a->mv > 0 && (a->mv & (a->mv - 1)) == 0 ? __builtin_ctzll(static_cast<uint64_t>(a->mv)) : -1;
+      t.pow2 = !arm(isa) && !t.act && t.mid_code != I32 && s >= 0 && s <= c && s <= 46 &&
+               t.alo - t.azy >= INT32_MIN && t.ahi - t.azy <= INT32_MAX;
+      for (i64 j = 0; j < padded && t.pow2; ++j) {
+        const i64 ro = t.r_off[j], q = ro >> s;
+        t.pow2 = ro > -(i64(1) << 62) && ro < (i64(1) << 62) && q > -(i64(1) << 30) && q < (i64(1) << 30);
+        t.cst.push_back(static_cast<int32_t>(q));
+      }
+      t.pshift = t.pow2 ? c - s : 0;
     }
     const IvitQGemmAdd* last = adds[g->stages - 1];
     g->out_code = last->post ? last->post_code : last->out_code;
@@ -1279,6 +1402,11 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
       }
     }
     g->fast = g->fast && g->add_fast;
+    g->hadd = g->fast && isa == VNNI;
+    for (int i = 0; i < g->stages; ++i) {
+      const Stage& t = g->st[i];
+      g->hadd = g->hadd && (t.pow2 || (t.ac >= 32 && t.alo - t.azy >= INT32_MIN && t.ahi - t.azy <= INT32_MAX));
+    }
   }
   g->zb_zero = std::all_of(g->zb.begin(), g->zb.end(), [](int32_t v) { return v == 0; });
   for (i64 j = 0; j < n; ++j) g->fast = g->fast && g->mult[j] >= INT32_MIN && g->mult[j] <= INT32_MAX;
@@ -1287,16 +1415,37 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
   for (auto* v : {&g->zx, &g->mult, &g->half, &g->shift}) v->resize(padded, 0);
   g->zb.resize(padded, 0);
   g->corr.resize(padded, 0);
+  g->hi32 = g->fast && !arm(isa) && qmin <= qmax && k <= 32768;
+  for (i64 j = 0; j < n && g->hi32; ++j) {
+    const i64 c = g->shift[j];
+    const double d = static_cast<double>(k) * 65025 + std::fabs(static_cast<double>(g->zx[j]));
+    const double hmax = d * std::fabs(static_cast<double>(g->mult[j])) / 0x1p32 + 1;
+    const double r = c >= 33 && c <= 62 ? std::ldexp(1.0, static_cast<int>(c - 33)) +
+                                              static_cast<double>(zy) * std::ldexp(1.0, static_cast<int>(c - 32))
+                                        : 0x1p40;
+    g->hi32 = d < 0x1p31 * 0.999 && hmax + std::fabs(r) < 0x1p31 * 0.999;
+  }
   for (i64 j = 0; j < padded; ++j) {
     const i64 c = g->shift[j];
     const uint64_t zxb = static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j]);
     g->off.push_back(static_cast<i64>((static_cast<uint64_t>(g->half[j]) ^ (arm(isa) ? 0 : uint64_t(1) << 63)) - zxb));
     g->zs.push_back(static_cast<i64>(static_cast<uint64_t>(zy) - (uint64_t(1) << (63 - c))));
+    if (g->hi32) {
+      g->corr2.push_back(static_cast<int32_t>(static_cast<uint32_t>(g->corr[j]) + static_cast<uint32_t>(g->zx[j])));
+      g->rnd.push_back(j < n ? static_cast<int32_t>((i64(1) << (c - 33)) + zy * (i64(1) << (c - 32))) : 0);
+      g->sh32.push_back(static_cast<int32_t>(j < n ? c - 32 : 0));
+    }
   }
   return g.release();
 }
 
 int ivit_qgemm_isa(const void* g) { return static_cast<const QGemm*>(g)->isa; }
+
+int ivit_qgemm_epilogue(const void* gp) {
+  const QGemm& g = *static_cast<const QGemm*>(gp);
+  const bool pow2 = g.fast && g.has_add && (g.st[0].pow2 || (g.stages > 1 && g.st[1].pow2));
+  return (g.hi32 ? 1 : 0) | (g.hadd ? 2 : 0) | (pow2 ? 4 : 0);
+}
 
 // the rows through run_all with the output's type
 static int run_any(const QGemm& g, const void* a, i64 lda, i64 rows, const Resid& res, void* y, i64 ldy, int threads) {
@@ -1605,6 +1754,7 @@ extern "C" void ivit_qgemm_repack(void* gp, const uint8_t* b, int64_t ldk, int64
   for (i64 j = 0; j < n; ++j) {
     g.zb[j] = static_cast<int32_t>(zbj);
     g.corr[j] = static_cast<int32_t>(zae * colsum[j] - static_cast<uint32_t>(k) * zae * zbj);
+    if (g.hi32) g.corr2[j] = static_cast<int32_t>(static_cast<uint32_t>(g.corr[j]) + static_cast<uint32_t>(g.zx[j]));
   }
   g.zb_zero = zb == 0;
 }

@@ -53,6 +53,9 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
                             int64_t nch, int64_t zy, int64_t qmin, int64_t qmax, const int32_t* table,
                             int out_code, const IvitQGemmAdd* add, const char** err);
 int ivit_qgemm_isa(const void* g);  // the path a packed GEMM runs
+// the x86 vector epilogue's int32-lane forms a packed GEMM takes (bits: 1 the Requantize's hi32, 2 the residual
+// stages' hadd, 4 a stage's power-of-two form, Stage::pow2; 0 on other paths), for the tests
+int ivit_qgemm_epilogue(const void* g);
 // y[m, n] for m < rows of a (row-major [rows, k]); threads: on the caller's pool hook if set, else that many
 int ivit_qgemm_run(const void* g, const void* a, int64_t rows, void* y, int threads);
 // the same with the residual activation r, [r_rows, N] row-major, row m reading row m % r_rows (rows a multiple

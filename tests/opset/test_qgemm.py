@@ -48,6 +48,7 @@ def _lib():
                                       ctypes.POINTER(ctypes.c_char_p)]
     lib.ivit_qgemm_create.restype = p
     lib.ivit_qgemm_isa.argtypes, lib.ivit_qgemm_isa.restype = [p], c
+    lib.ivit_qgemm_epilogue.argtypes, lib.ivit_qgemm_epilogue.restype = [p], c
     lib.ivit_qgemm_run.argtypes, lib.ivit_qgemm_run.restype = [p, p, i, p, c], c
     lib.ivit_qgemm_destroy.argtypes = [p]
     return lib
@@ -89,8 +90,8 @@ def case(rng, adt, k: int, n: int, rows: int, per_column: bool, out=np.int8, ext
     return dict(a=a, za=za, b=b, zb=zb, zx=zx, mult=mult, shift=shift, zy=zy, qmin=qmin, qmax=qmax)
 
 
-def run_c(isa: str, c: dict, threads: int = 1, table=None) -> np.ndarray:
-    """The GEMM through the C entry points, on ``isa``."""
+def run_c(isa: str, c: dict, threads: int = 1, table=None, forms: list | None = None) -> np.ndarray:
+    """The GEMM through the C entry points, on ``isa`` (forms: gets the epilogue's, ivit_qgemm_epilogue)."""
     lib = _lib()
     k, n = c["b"].shape
     arr = {key: np.ascontiguousarray(np.asarray(c[key]).reshape(-1).astype(np.int64))
@@ -109,6 +110,8 @@ def run_c(isa: str, c: dict, threads: int = 1, table=None) -> np.ndarray:
     assert g, err.value
     try:
         assert lib.ivit_qgemm_isa(g) == ISAS[isa]
+        if forms is not None:
+            forms.append(lib.ivit_qgemm_epilogue(g))
         a = np.ascontiguousarray(c["a"])
         y = np.zeros((a.shape[0], n), out_dt)
         assert lib.ivit_qgemm_run(g, a.ctypes.data, a.shape[0], y.ctypes.data, threads) == 0
@@ -130,6 +133,52 @@ def test_paths_bit_exact(isa, adt, per_column):
             for threads in (1, 3):
                 np.testing.assert_array_equal(run_c(isa, c, threads), want,
                                               err_msg=f"{isa} K={k} N={n} M={rows}")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_high_shifts(isa):
+    """Shifts of 33..62, the converter's: on x86's vector paths the epilogue's int32-lane form (hi32: zx
+    folded into the column correction, the rounding and zero point added to the product's high dword), with
+    multipliers at +-2**31, |zx| up to 2**30, zero points and clip ranges at the output type's extremes, per
+    tensor and per column, with a table; cases past its bounds (|zx| + K * 255**2 near 2**31, a zero point
+    times 2**(c - 32) past int32, qmin - zy past int32, a shift of 32) take the 64-bit form. Both equal the
+    reference, and each is taken."""
+    need(isa)
+    rng = np.random.default_rng(ISAS[isa] + 70)
+    took = []
+    for adt in (np.int8, np.uint8):
+        for out in (np.int8, np.uint8, np.int16, np.int32):
+            o = np.iinfo(out)
+            for per_column in (False, True):
+                for k, past in ((1, None), (64, "zx"), (257, "zy"), (1024, "shift"), (19, None)):
+                    c = case(rng, adt, k, 37, 21, per_column, out=out)
+                    size = c["shift"].size
+                    c["shift"] = rng.integers(33, 63, size).astype(np.int64)
+                    mults = [-(1 << 31), (1 << 31) - 1, 1 << 30, -12345, 3]
+                    c["mult"] = rng.choice(mults, size).astype(np.int64)
+                    c["zx"] = rng.integers(-(1 << 30), 1 << 30, size).astype(np.int32)
+                    c["zy"] = out(rng.choice([o.min, o.max, 0]) if out != np.int32 else rng.integers(-3, 1))
+                    if past == "zx":
+                        c["zx"][-1] = (1 << 31) - 1 - k * 65025 // 2
+                    elif past == "zy" and out != np.int32:
+                        c["shift"][-1], c["zy"] = 62, out(o.max)
+                    elif past == "shift":
+                        c["shift"][-1] = 32
+                    if out == np.int32 and past == "zy":
+                        c["zy"] = out(7)  # qmin - zy below int32
+                    want = reference(**c)
+                    for threads in (1, 3):
+                        got = run_c(isa, c, threads, forms=took)
+                        np.testing.assert_array_equal(got, want, err_msg=f"{isa} K={k} {out.__name__} {past}")
+                    if out in (np.int8, np.uint8):
+                        tab = rng.integers(-(1 << 15), 1 << 15, c["qmax"] - c["qmin"] + 1).astype(np.int16)
+                        got = run_c(isa, c, table=tab, forms=took)
+                        np.testing.assert_array_equal(got, tab[want.astype(np.int64) - c["qmin"]])
+    hi32 = [f & 1 for f in took]
+    if isa in ("avx2", "vnni"):
+        assert 0 < sum(hi32) < len(hi32), hi32
+    else:
+        assert sum(hi32) == 0
 
 
 @pytest.mark.parametrize("isa", ISAS)

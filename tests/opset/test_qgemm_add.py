@@ -93,8 +93,10 @@ def _stage(res: dict) -> tuple[Add, list]:
     return add, [r, consts]
 
 
-def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1, post=None, then=None) -> np.ndarray:
-    """The fused GEMM through the C entry points, on ``isa`` (then: a second IAdd stage's residual dict)."""
+def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1, post=None, then=None,
+          forms: list | None = None) -> np.ndarray:
+    """The fused GEMM through the C entry points, on ``isa`` (then: a second IAdd stage's residual dict;
+    forms: gets the epilogue's, ivit_qgemm_epilogue)."""
     lib = _add_lib()
     k, n = c["b"].shape
     arr = {key: np.ascontiguousarray(np.asarray(c[key]).reshape(-1).astype(np.int64))
@@ -123,6 +125,8 @@ def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1, post=None,
         CODES[np.dtype(mid)], ctypes.byref(add), ctypes.byref(err))
     assert g, err.value
     try:
+        if forms is not None:
+            forms.append(lib.ivit_qgemm_epilogue(g))
         a = np.ascontiguousarray(c["a"])
         y = np.zeros((a.shape[0], n), np.asarray(out["zy"]).dtype if post is None else post.dtype)
         rc = lib.ivit_qgemm_run_add(g, a.ctypes.data, a.shape[0], r.ctypes.data if act else None,
@@ -139,7 +143,7 @@ def run_c(isa: str, c: dict, res: dict, table=None, threads: int = 1, post=None,
 def test_residual_paths_bit_exact(isa, adt, per_column):
     need(isa)
     rng = np.random.default_rng([ISAS[isa], int(per_column), np.dtype(adt).num, 30])
-    saturated = 0
+    saturated, took = 0, []
     for k, n, rows in ((7, 17, 5), (64, 53, 50), (257, 100, 13)):
         for rdt in RESIDUALS:
             for form in ("act", "column", "single"):
@@ -147,12 +151,17 @@ def test_residual_paths_bit_exact(isa, adt, per_column):
                     c = case(rng, adt, k, n, rows, per_column)
                     res = residual(rng, c, rdt, form, v_first, out=(np.int8, np.uint8)[int(v_first)],
                                    wide=bool(rng.random() < 0.5))
-                    got = run_c(isa, c, res, threads=1 + 2 * int(form == "act"))
+                    if rng.random() < 0.5:  # the converter's Requantize shifts (hi32 on x86)
+                        c["shift"] = rng.integers(33, 45, c["shift"].shape).astype(np.int64)
+                    got = run_c(isa, c, res, threads=1 + 2 * int(form == "act"), forms=took)
                     expect = want(c, res)
                     msg = f"{isa} {rdt.__name__} {form} {v_first}"
                     np.testing.assert_array_equal(got, expect, err_msg=msg, strict=True)
                     saturated += int((expect == res["qmin"]).any() or (expect == res["qmax"]).any())
     assert saturated > 36, saturated  # of 72 cases, a clip reached
+    if isa == "vnni":  # the stages' int32-lane form (stage shifts of 32 and more) and the 64-bit one, with
+        # and without the Requantize's
+        assert {f & 2 for f in took} == {0, 2} and {f & 1 for f in took} == {0, 1}, took
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -212,6 +221,44 @@ def test_two_stages(isa):
     res["qmin"], res["qmax"] = -300, 300  # the first sum clipped past int8: cast to it before the second
     res["zy"] = np.int8(0)
     np.testing.assert_array_equal(run_c(isa, c, res, then=then), want(c, res, then=then), strict=True)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_power_of_two_stages(isa):
+    """A constant addend with v's multiplier 2**s, s <= c (quantize_static's bias IAdd: s = c): on x86's
+    vector paths the stage is v + a per-column constant, a shift by c - s and the clip in int32 lanes
+    (Stage::pow2), alone, before a residual stage and after one, through the tables, with s = c, s < c, s = 0,
+    zero points at their type's extremes; past its bounds (s > c, a negative multiplier, constants near 2**62)
+    the general stage. Both equal the reference, and each is taken."""
+    need(isa)
+    rng = np.random.default_rng(ISAS[isa] + 321)
+    took = []
+    for k, n, rows in ((64, 53, 29), (192, 48, 21), (7, 5, 9)):
+        for s_of_c, form in ((0, "column"), (3, "single"), ("c", "column"), ("zero", "single"),
+                             ("past", "column"), ("neg", "column"), ("big", "single")):
+            c = case(rng, np.uint8, k, n, rows, True)
+            c["shift"] = rng.integers(33, 41, c["shift"].shape).astype(np.int64)
+            res = residual(rng, c, np.int8, form, bool(rng.random() < 0.5), wide=True)
+            cshift = res["shift"]
+            s = {"c": cshift, "zero": 0, "past": cshift + 1, "neg": cshift, "big": cshift}.get(s_of_c, s_of_c)
+            res["mv"] = (1 << s) * (-1 if s_of_c == "neg" else 1)
+            if s_of_c == "big":
+                res["mr"], res["r"] = (1 << 61) + 5, np.asarray(res["r"]) * 0 + 1
+            res["zy"] = np.int8(rng.choice([-128, 127, 0]))
+            got = run_c(isa, c, res, threads=2, forms=took)
+            np.testing.assert_array_equal(got, want(c, res), strict=True,
+                                          err_msg=f"{isa} {s_of_c} {form} {k}")
+            then = residual(rng, {**c, "zy": res["zy"]}, np.int8, "act", True, out=np.int8, wide=True)
+            got = run_c(isa, c, res, then=then, threads=2, forms=took)
+            np.testing.assert_array_equal(got, want(c, res, then=then), strict=True,
+                                          err_msg=f"{isa} {s_of_c} 2")
+            first = residual(rng, c, np.int8, "act", True, out=np.int8, wide=True)
+            table = rng.integers(-128, 128, c["qmax"] - c["qmin"] + 1).astype(np.int8)
+            post = rng.integers(0, 256, res["qmax"] - res["qmin"] + 1).astype(np.uint8)
+            got = run_c(isa, c, first, table=table, then=res, post=post, forms=took)
+            np.testing.assert_array_equal(got, want(c, first, table=table, then=res, post=post), strict=True)
+    pow2 = {f & 4 for f in took}
+    assert pow2 == ({0, 4} if isa in ("avx2", "vnni") else {0}), took
 
 
 @pytest.mark.parametrize("isa", ISAS)
