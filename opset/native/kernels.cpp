@@ -645,12 +645,13 @@ void shiftmax_rows(i64 rows, i64 len, i64 span, i64 x0, i64 n, i64 bits, i64 zy,
 // wrap-around arithmetic (Z/2**64) as well, so it equals centre's value for every input; the output reads x
 // again instead of a stored d. RequantizeShiftmax's rescale to table indices keeps the row's max in the same
 // pass.
-// x86-64 with AVX2 but without AVX-512F (as avx2_path: the v4 clones of the portable loops, with vpmullq and
-// vpsraq, are as fast as explicit AVX-512 loops there, measured on Zen 4; its gathers are slower than scalar
-// loads) and aarch64 (NEON): explicit loops, under preconditions that keep every lane exact (each proof at its
-// loop); elsewhere, and in the tails, the portable loops. Switches, read once: IVIT_GENERIC_ROWS=1 runs the
-// generic loops instead, IVIT_NO_AVX2=1 the portable ones on x86, IVIT_ROWS_AVX2=1 the AVX2 loops on AVX-512
-// CPUs too (the tests compare the bytes of each).
+// x86-64 with AVX2 but without AVX-512F (as avx2_path: for the rescales, the v4 clones of the portable loops,
+// with vpmullq and vpsraq, are as fast as explicit AVX-512 loops, measured on Zen 4; its gathers are slower
+// than scalar loads) and aarch64 (NEON): explicit loops, under preconditions that keep every lane exact (each
+// proof at its loop); ILayerNorm's 8-bit rows on AVX-512 CPUs: an explicit AVX-512 loop too (its sums and a
+// block of rows' divisions first: 1.6x the v4 clone on Zen 4); elsewhere, and in the tails, the portable
+// loops. Switches, read once: IVIT_GENERIC_ROWS=1 runs the generic loops instead, IVIT_NO_AVX2=1 the portable
+// ones on x86, IVIT_ROWS_AVX2=1 the AVX2 loops on AVX-512 CPUs too (the tests compare the bytes of each).
 #if defined(__aarch64__) && defined(__ARM_NEON) && !defined(IVIT_NO_CLONES)
 #define IVIT_NEON_PATH 1
 #include <arm_neon.h>
