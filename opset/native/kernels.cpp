@@ -1152,6 +1152,9 @@ int layernorm_rows(const void* x, int ti, i64 rows, i64 len, const i64* b, const
       for (i64 j = 0; j < len; ++j) hb[j] = half[j] + biases[j];
       const bool uniform = std::all_of(bb.begin(), bb.end(), [&](i64 v) { return v == bb[0]; }) &&
                            std::all_of(cc.begin(), cc.end(), [&](i64 v) { return v == cc[0]; });
+      // the AVX-512 output loop where its clip keeps values inside TO (else the portable loop)
+      const bool in_type = qmin <= qmax && qmin >= std::numeric_limits<TO>::min() &&
+                           qmax <= std::numeric_limits<TO>::max();
       parallel_for(rows, threads, std::max<i64>(1, GRAIN / len), [&](i64 lo, i64 hi) {
         // a block's means and reciprocals first, then its outputs: the rows' divisions and square roots are
         // independent of each other, so they overlap instead of each row's chain stalling its output loop
@@ -1188,7 +1191,7 @@ int layernorm_rows(const void* x, int ti, i64 rows, i64 len, const i64* b, const
 #if IVIT_AVX2_PATH
               if (!rows_avx512())
                 done = layernorm_out_avx2(xr, yr, len, shift_in, m, f, ush, bb.data(), cc.data(), vec, qmin, qmax);
-              else if (qmin <= qmax && qmin >= std::numeric_limits<TO>::min() && qmax <= std::numeric_limits<TO>::max())
+              else if (in_type)
                 done = uniform ? layernorm_out_avx512<true>(xr, yr, len, shift_in, m, f, ush, bb.data(), hb.data(),
                                                             cc.data(), zy, qmin, qmax)
                                : layernorm_out_avx512<false>(xr, yr, len, shift_in, m, f, ush, bb.data(), hb.data(),
@@ -1330,6 +1333,12 @@ IVIT_VBMI inline __m512i low_bytes(const __m512i* v) {
 
 // The rows, as ivit_index_shiftmax_rows, for byte outputs, 0 <= sh <= 63, np byte planes of E (1..8) and rows
 // of C * 64 indices at most (C = 1..4): each row's indices stay in C registers (0 past len) across its passes.
+// (row[q0 + i] * f) >> sh for the 8 lanes i (0 past km): the scalar int64 product and shift
+IVIT_VBMI inline __m512i scaled8(const i64* row, i64 q0, i64 km, __m512i vf, __m128i vs) {
+  const __mmask8 m = q0 > km ? 0 : static_cast<__mmask8>(km - q0 >= 7 ? 0xFF : (1u << (km - q0 + 1)) - 1);
+  return _mm512_sra_epi64(_mm512_mullo_epi64(_mm512_maskz_loadu_epi64(m, row + q0), vf), vs);
+}
+
 template <class TO, int C>
 IVIT_VBMI void index_shiftmax_vbmi(const uint8_t* k, i64 rows, i64 len, const i64* e_rows, i64 nq,
                                    const uint8_t* planes, int np, i64 y_zp, i64 sh, TO* y, const TO* post) {
@@ -1361,29 +1370,20 @@ IVIT_VBMI void index_shiftmax_vbmi(const uint8_t* k, i64 rows, i64 len, const i6
     // Y[k] for kmin <= k <= km from E's row (e * f <= RECIP_M: exact in int64), into 4 registers (others unread)
     const i64* row = e_rows + km * nq;
     __m512i t[4] = {zero, zero, zero, zero};
+    const __m512i vf = _mm512_set1_epi64(f);
     if (post) {
       // the table's indices 8 at a time (vpmullq, vpsraq: the scalar int64 product and shift; the cast to int32 a
       // truncation, vpmovqd), then the lookups one at a time
       alignas(64) uint8_t yt[256];
       alignas(64) int32_t at[256];
-      const __m512i vf = _mm512_set1_epi64(f);
-      for (i64 q0 = kmin / 8 * 8; q0 <= km; q0 += 8) {
-        const __mmask8 m = static_cast<__mmask8>(km - q0 >= 7 ? 0xFF : (1u << (km - q0 + 1)) - 1);
-        const __m512i v = _mm512_sra_epi64(_mm512_mullo_epi64(_mm512_maskz_loadu_epi64(m, row + q0), vf), vs);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(at + q0), _mm512_cvtepi64_epi32(v));
-      }
+      for (i64 q0 = kmin / 8 * 8; q0 <= km; q0 += 8)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(at + q0), _mm512_cvtepi64_epi32(scaled8(row, q0, km, vf, vs)));
       for (i64 q = kmin; q <= km; ++q) yt[q] = static_cast<uint8_t>(post[at[q]]);
       for (int q = 0; q < 4; ++q) t[q] = _mm512_load_si512(yt + 64 * q);
     } else {
-      const __m512i vf = _mm512_set1_epi64(f);
       for (i64 q = kmin / 64 * 64; q <= km; q += 64) {
         __m512i v[8];
-        for (int s = 0; s < 8; ++s) {
-          const i64 q0 = q + 8 * s;
-          const __mmask8 m = q0 > km ? 0 : static_cast<__mmask8>(km - q0 >= 7 ? 0xFF : (1u << (km - q0 + 1)) - 1);
-          v[s] = _mm512_add_epi64(_mm512_sra_epi64(_mm512_mullo_epi64(_mm512_maskz_loadu_epi64(m, row + q0), vf), vs),
-                                  zp);
-        }
+        for (int s = 0; s < 8; ++s) v[s] = _mm512_add_epi64(scaled8(row, q + 8 * s, km, vf, vs), zp);
         t[q / 64] = low_bytes(v);
       }
     }

@@ -241,6 +241,11 @@ struct QGemm {
   bool vbmi_post = false;
 };
 
+// QGemm::corr2's entry: the column correction with zx folded in, mod 2**32
+inline int32_t corr_zx(int32_t corr, i64 zx) {
+  return static_cast<int32_t>(static_cast<uint32_t>(corr) + static_cast<uint32_t>(zx));
+}
+
 // the residual activation of one run: rows repeating (row m reads row m % rows); r null where there is none
 struct Resid {
   const void* r;
@@ -806,6 +811,8 @@ IVIT_T_AVX2 inline void store8(__m256i v, TO* y, i64 cols) {
 struct AddAvx2 {
   __m256i mvl, mvh, mrl, mrh, zs, lo, hi;
   __m128i c;
+  __m256i lo_z, hi_z, zy;  // Stage::pow2's clip in int32 lanes: alo - azy, ahi - azy, azy
+  __m128i pc;              // its shift, c - s
 };
 
 // the residual stage on v and r (int32 values in the int64 lanes' low halves; r: the residual, for an
@@ -835,9 +842,18 @@ IVIT_T_AVX2 void epilogue_tile_avx2(const QGemm& g, const int32_t* tile, i64 nr,
   AddAvx2 ks[2] = {};
   for (int i = 0; i < g.stages; ++i) {
     const Stage& t = g.st[i];
-    ks[i] = {_mm256_set1_epi64x(t.mv_lo), _mm256_set1_epi64x(t.mv_hi), _mm256_set1_epi64x(t.mr_lo),
-             _mm256_set1_epi64x(t.mr_hi), _mm256_set1_epi64x(t.azs),   _mm256_set1_epi64x(t.alo),
-             _mm256_set1_epi64x(t.ahi),   _mm_cvtsi64_si128(t.ac)};
+    ks[i] = {_mm256_set1_epi64x(t.mv_lo),
+             _mm256_set1_epi64x(t.mv_hi),
+             _mm256_set1_epi64x(t.mr_lo),
+             _mm256_set1_epi64x(t.mr_hi),
+             _mm256_set1_epi64x(t.azs),
+             _mm256_set1_epi64x(t.alo),
+             _mm256_set1_epi64x(t.ahi),
+             _mm_cvtsi64_si128(t.ac),
+             _mm256_set1_epi32(static_cast<int32_t>(t.alo - t.azy)),
+             _mm256_set1_epi32(static_cast<int32_t>(t.ahi - t.azy)),
+             _mm256_set1_epi32(static_cast<int32_t>(t.azy)),
+             _mm_cvtsi64_si128(t.pshift)};
   }
   const bool tab = !g.table.empty();
   const i64 rsize = g.r_code == I16 ? 2 : (g.r_code == I32 ? 4 : 1);
@@ -878,10 +894,9 @@ IVIT_T_AVX2 void epilogue_tile_avx2(const QGemm& g, const int32_t* tile, i64 nr,
       for (int i = 0; i < g.stages; ++i) {  // each stage's v: the previous one's sums
         const Stage& t = g.st[i];
         if (t.pow2) {  // Stage::pow2: (v + cst) >> (c - s), the clip, in int32 lanes
-          v = _mm256_sra_epi32(_mm256_add_epi32(v, ld(&t.cst[n])), _mm_cvtsi64_si128(t.pshift));
-          v = _mm256_min_epi32(_mm256_max_epi32(v, _mm256_set1_epi32(static_cast<int32_t>(t.alo - t.azy))),
-                               _mm256_set1_epi32(static_cast<int32_t>(t.ahi - t.azy)));
-          v = _mm256_add_epi32(v, _mm256_set1_epi32(static_cast<int32_t>(t.azy)));
+          const AddAvx2& k = ks[i];
+          v = _mm256_sra_epi32(_mm256_add_epi32(v, ld(&t.cst[n])), k.pc);
+          v = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(v, k.lo_z), k.hi_z), k.zy);
           continue;
         }
         e = stage_avx2(t, ks[i], v, rv, roff[i].e);
@@ -1418,11 +1433,14 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
   g->hi32 = g->fast && !arm(isa) && qmin <= qmax && k <= 32768;
   for (i64 j = 0; j < n && g->hi32; ++j) {
     const i64 c = g->shift[j];
+    if (c < 33 || c > 62) {
+      g->hi32 = false;
+      break;
+    }
     const double d = static_cast<double>(k) * 65025 + std::fabs(static_cast<double>(g->zx[j]));
     const double hmax = d * std::fabs(static_cast<double>(g->mult[j])) / 0x1p32 + 1;
-    const double r = c >= 33 && c <= 62 ? std::ldexp(1.0, static_cast<int>(c - 33)) +
-                                              static_cast<double>(zy) * std::ldexp(1.0, static_cast<int>(c - 32))
-                                        : 0x1p40;
+    const double r = std::ldexp(1.0, static_cast<int>(c - 33)) +
+                     static_cast<double>(zy) * std::ldexp(1.0, static_cast<int>(c - 32));
     g->hi32 = d < 0x1p31 * 0.999 && hmax + std::fabs(r) < 0x1p31 * 0.999;
   }
   for (i64 j = 0; j < padded; ++j) {
@@ -1431,7 +1449,7 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
     g->off.push_back(static_cast<i64>((static_cast<uint64_t>(g->half[j]) ^ (arm(isa) ? 0 : uint64_t(1) << 63)) - zxb));
     g->zs.push_back(static_cast<i64>(static_cast<uint64_t>(zy) - (uint64_t(1) << (63 - c))));
     if (g->hi32) {
-      g->corr2.push_back(static_cast<int32_t>(static_cast<uint32_t>(g->corr[j]) + static_cast<uint32_t>(g->zx[j])));
+      g->corr2.push_back(corr_zx(g->corr[j], g->zx[j]));
       g->rnd.push_back(j < n ? static_cast<int32_t>((i64(1) << (c - 33)) + zy * (i64(1) << (c - 32))) : 0);
       g->sh32.push_back(static_cast<int32_t>(j < n ? c - 32 : 0));
     }
@@ -1754,7 +1772,7 @@ extern "C" void ivit_qgemm_repack(void* gp, const uint8_t* b, int64_t ldk, int64
   for (i64 j = 0; j < n; ++j) {
     g.zb[j] = static_cast<int32_t>(zbj);
     g.corr[j] = static_cast<int32_t>(zae * colsum[j] - static_cast<uint32_t>(k) * zae * zbj);
-    if (g.hi32) g.corr2[j] = static_cast<int32_t>(static_cast<uint32_t>(g.corr[j]) + static_cast<uint32_t>(g.zx[j]));
+    if (g.hi32) g.corr2[j] = corr_zx(g.corr[j], g.zx[j]);
   }
   g.zb_zero = zb == 0;
 }
