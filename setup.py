@@ -50,7 +50,7 @@ if MARCH:
 NATIVE = "opset/native/"
 
 SOURCES = [NATIVE + f for f in ("kernels.cpp", "ort_ops.cpp", "gemm_check.cpp", "qgemm.cpp", "qgemm_op.cpp",
-                                 "qbatch_op.cpp")]
+                                 "qbatch_op.cpp", "patch_op.cpp")]
 HEADERS = [NATIVE + f for f in ("intmath.h", "kernels.h", "ort_abi.h", "parallel.h", "gemm_check.h",
                                 "gemm_probe.h", "poly_exp.h", "qgemm.h", "ort_tensor.h", "ort_op.h")]
 

@@ -10,6 +10,7 @@
 // step (see floor_div_small), which is what makes the fused loops cheap.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -481,6 +482,19 @@ void iadd_span(const TA* a, const TB* b, TO* y, i64 len, i64 za, i64 zb, i64 ma,
                      : iadd_run_avx2<false>(a, b, y, len, ma, mb, fast.h, c, fast.z, rs.lo, rs.hi);
 #endif
   if (done < len) iadd_run(a + done, b + done, y + done, len - done, za, zb, ma, mb, h, c, rs);
+}
+
+// QuantizeLinear as onnxruntime's (MLAS): x / scale in float, clipped to [lo, hi] = [qmin - zp, qmax - zp] with a
+// NaN taking lo, rounded half to even (the default rounding mode), plus zp, as the output's byte. Division and
+// rounding are IEEE operations: every clone, and every CPU, gives the same bytes.
+IVIT_CLONES void quantize_run(const float* __restrict x, uint8_t* __restrict q, i64 n, float scale, float lo,
+                              float hi, int zp) {
+  for (i64 k = 0; k < n; ++k) {
+    float v = x[k] / scale;
+    v = v >= lo ? v : lo;
+    v = v <= hi ? v : hi;
+    q[k] = static_cast<uint8_t>(static_cast<int>(std::nearbyint(v)) + zp);
+  }
 }
 
 // e = exp_of(max - x) over a row, and its sum
@@ -1733,6 +1747,14 @@ int ivit_rows_path() { return !rows_fast() ? 0 : rows_avx512() ? 4 : !rows_vecto
 
 // 1 where the AVX2 rescale loops run on this CPU (avx2_path), else 0: for the tests.
 int ivit_rescale_avx2() { return avx2_path() ? 1 : 0; }
+
+// y[k] = QuantizeLinear(x[k]) with a single scale and zero point, y int8 (to 0) or uint8 (to 1): quantize_run.
+int ivit_quantize_linear(const float* x, int64_t n, float scale, int64_t zp, int to, void* y) {
+  if (to != 0 && to != 1) return 1;
+  const float lo = static_cast<float>((to ? 0 : -128) - zp), hi = static_cast<float>((to ? 255 : 127) - zp);
+  quantize_run(x, static_cast<uint8_t*>(y), n, scale, lo, hi, static_cast<int>(zp));
+  return 0;
+}
 
 // r[k] = isqrt(v[k]) of intmath.h (the exact integer square root ILayerNorm uses), for the tests.
 int ivit_isqrt(const int64_t* v, int64_t* r, int64_t n) {

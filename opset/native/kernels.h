@@ -24,6 +24,9 @@ int ivit_requantize_shiftmax_table(const void* x, int ti, int64_t rows, int64_t 
                                    int64_t y_zp, int64_t x0, int64_t n, int64_t bits, void* y, int to, int threads,
                                    const void* post);
 int ivit_isqrt(const int64_t* v, int64_t* r, int64_t n);
+// y[k] = QuantizeLinear(x[k]) as onnxruntime's (x / scale, clip, round half to even, + zp), y int8 (to 0) or
+// uint8 (to 1)
+int ivit_quantize_linear(const float* x, int64_t n, float scale, int64_t zp, int to, void* y);
 int ivit_exp_planes(const int64_t* e_rows, int64_t nq, uint8_t* planes);
 int ivit_index_shiftmax_rows(const uint8_t* k, int64_t rows, int64_t len, const int64_t* e_rows, int64_t nq,
                              const uint8_t* planes, int64_t np, int64_t y_zp, int64_t bits, void* y, int to,

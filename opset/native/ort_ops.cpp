@@ -33,6 +33,8 @@
 namespace ivit {
 // qbatch_op.cpp: 0 int32, 1 Requantize, 2 table, 3 Shiftmax
 const ort::CustomOp* qbatch_op(const ort::Api* api, int form);
+// patch_op.cpp: QuantizePatches
+const ort::CustomOp* patch_op(const ort::Api* api);
 }
 
 using ivit::i64;
@@ -821,6 +823,9 @@ __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(ort::Sessi
   for (int form = 0; form < 5; ++form)  // attention's batched GEMMs on the same kernel (qbatch_op.cpp)
     if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
                 engine, ivit::qbatch_op(g_api, form));
+  // the patch embedding's input QuantizeLinear and im2col (patch_op.cpp)
+  if (!s) s = api<ort::Status*(ort::CustomOpDomain*, const ort::CustomOp*)>(ort::CustomOpDomain_Add)(
+              engine, ivit::patch_op(g_api));
   if (!s) s = api<ort::Status*(ort::SessionOptions*, ort::CustomOpDomain*)>(ort::AddCustomOpDomain)(options, engine);
   if (engine) domains.push_back(engine);
   return s;

@@ -58,7 +58,8 @@ pkg=$cache/pkg
 rm -rf "$pkg" && mkdir -p "$pkg"
 cp -r ivit_onnx "$pkg/ivit_onnx"
 for sub in passes opset models; do cp -r "$sub" "$pkg/ivit_onnx/$sub"; done
-mkdir -p "$pkg/tests" && cp tests/__init__.py "$pkg/tests/" && cp -r tests/opset "$pkg/tests/opset"
+mkdir -p "$pkg/tests/engines" && cp tests/__init__.py "$pkg/tests/" && cp -r tests/opset "$pkg/tests/opset"
+cp tests/engines/__init__.py tests/engines/test_patch_quantize.py "$pkg/tests/engines/"
 find "$pkg" \( -name "*.so" -o -name __pycache__ \) -prune -exec rm -rf {} +
 lib=$cache/_kernels_aarch64.so
 # setup.py's own source list (its setup() runs only as __main__)
@@ -104,7 +105,7 @@ for cpu in "${models[@]}"; do
   # then the rest, whose compiled digits model must run its weight GEMMs as QGemm. The fused ops' tests run
   # plain sessions with the library, which refuses to register where onnxruntime's int8 x int8 GEMM wraps
   # (Cortex-A72: the artifact path's ivit.int8_gemms=0, which exactness.py checks, is the way there).
-  fused=(tests/opset/test_native_fused.py)
+  fused=(tests/opset/test_native_fused.py tests/engines/test_patch_quantize.py)
   [ "$cpu" = cortex-a72 ] && fused=()
   before=$status
   guest_pytest "$cpu" "native kernels" tests/opset/test_native.py tests/opset/test_native_rows.py tests/opset/test_qgemm.py tests/opset/test_qgemm_add.py \

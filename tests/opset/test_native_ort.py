@@ -158,8 +158,9 @@ def _setup_sources() -> list[str]:
 @pytest.mark.slow
 def test_sanitized_build_on_every_op_and_dtype_pair(tmp_path):
     """The library built with -fsanitize=address,undefined (any report aborts) passes the same check, and the
-    fused ops', the attention GEMMs', QGemm's residual stage's and the Shiftmax rows' tests
-    (tests/opset/test_native_fused.py, test_qbatch.py, test_qgemm_add.py, test_index_shiftmax.py).
+    fused ops', the attention GEMMs', QGemm's residual stage's, the Shiftmax rows' and the patch input's tests
+    (tests/opset/test_native_fused.py, test_qbatch.py, test_qgemm_add.py, test_index_shiftmax.py,
+    tests/engines/test_patch_quantize.py).
 
     Marked slow (about two minutes, mostly compiling); ``.ci/run`` runs it as a step of its own.
     """
@@ -204,7 +205,7 @@ def test_sanitized_build_on_every_op_and_dtype_pair(tmp_path):
     args = ["-q", "-p", "no:cacheprovider", "-k",
             "not refused and not bad_operands and not refusals and not haswell",
             "tests/opset/test_native_fused.py", "tests/opset/test_qbatch.py", "tests/opset/test_qgemm_add.py",
-            "tests/opset/test_index_shiftmax.py"]
+            "tests/opset/test_index_shiftmax.py", "tests/engines/test_patch_quantize.py"]
     script = f"import os, sys, pytest\ncode = pytest.main({args!r})\nsys.stdout.flush()\nos._exit(code)"
     fused = subprocess.run(
         [sys.executable, "-c", script],

@@ -24,6 +24,7 @@ from .chain_fold import fold_chains
 from .head_views import head_views, static_shapes
 from .patch_gemm import patch_gemm
 from .patch_layout import patch_layout
+from .patch_quantize import quantize_patches
 from .qgemm_fold import fast_path, fold_qgemm
 from .resid_fold import POST, SECOND, fold_residuals
 from .u8_gemm import own_uint8_weights, recode, uint8_copies
@@ -78,6 +79,8 @@ class Compiled:
             "qbatch") else []
         done += [f"{c['head_views']} attention head splits and merges read in place"] if c.get(
             "head_views") else []
+        done += [f"{c['patch_quantize']} patch embedding input quantizes and im2cols as one pass"] if c.get(
+            "patch_quantize") else []
         return "; ".join(done)
 
 
@@ -132,6 +135,8 @@ def compile_model(model: onnx.ModelProto, *, u8_gemm: bool = True, bias_fold: bo
         if qbatch:
             out, counts["qbatch"] = fold_attention(out, keep=set(keep))
             out, counts["head_views"] = head_views(out, keep=set(keep), shapes=static_shapes(model))
+        if patch:
+            out, counts["patch_quantize"] = quantize_patches(out, keep=set(keep))
     if u8_gemm and (copies := uint8_copies(out, model, recoded)):
         counts["u8_copy"] = copies  # int8 operands nothing could re-encode, where QGemm did not fuse
     if u8_gemm and (moved := own_uint8_weights(out, model)):
