@@ -1,9 +1,11 @@
 // The plumbing every custom op of the library repeats around onnxruntime's C API: error statuses as
-// exceptions, the node's name, an input (null where an optional one is absent), onnxruntime's intra-op pool,
-// and the OrtCustomOp fields that are the same for every op (qgemm_op.cpp, qbatch_op.cpp).
+// exceptions, the node's name, an int64 attribute, an input (null where an optional one is absent),
+// onnxruntime's intra-op pool, and the OrtCustomOp fields that are the same for every op (qgemm_op.cpp,
+// qbatch_op.cpp, patch_op.cpp).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "ort_abi.h"
@@ -37,6 +39,14 @@ inline std::string ort_node_name(const ort::Api* api, const ort::KernelInfo* inf
     return "?";
   }
   return buf;
+}
+
+// The node's int64 attribute ``name`` into out; false where the node has none.
+inline bool ort_attribute(const ort::Api* api, const ort::KernelInfo* info, const char* name, int64_t& out) {
+  ort::Status* s = api->fn<ort::Status*(const ort::KernelInfo*, const char*, int64_t*)>(
+      ort::KernelInfoGetAttribute_int64)(info, name, &out);
+  if (s) api->fn<void(ort::Status*)>(ort::ReleaseStatus)(s);
+  return !s;
 }
 
 // Input i of the running node; null where it is an absent optional input (or past the node's inputs).

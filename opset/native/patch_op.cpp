@@ -68,10 +68,7 @@ ort::Status* create(const ort::CustomOp*, const ort::Api*, const ort::KernelInfo
   i64 p[2] = {0, 0};
   const char* names[2] = {"patch_h", "patch_w"};
   for (int i = 0; i < 2; ++i) {
-    ort::Status* s = g_api->fn<ort::Status*(const ort::KernelInfo*, const char*, int64_t*)>(
-        ort::KernelInfoGetAttribute_int64)(info, names[i], &p[i]);
-    if (s) g_api->fn<void(ort::Status*)>(ort::ReleaseStatus)(s);
-    if (s || p[i] < 1)
+    if (!ivit::ort_attribute(g_api, info, names[i], p[i]) || p[i] < 1)
       return ivit::ort_error(g_api, "ai.ivit.engine QuantizePatches node '" + node + "' refused: attribute " +
                                         names[i] + " must be at least 1");
   }

@@ -120,15 +120,10 @@ struct BatchOp {
 int form_of(const ort::CustomOp* op) { return reinterpret_cast<const BatchOp*>(op)->form; }
 
 i64 attribute(const ort::KernelInfo* info, const char* name, i64 otherwise) {
-  i64 v = otherwise;
-  ort::Status* s = g_api->fn<ort::Status*(const ort::KernelInfo*, const char*, int64_t*)>(
-      ort::KernelInfoGetAttribute_int64)(info, name, &v);
-  if (s) {
-    g_api->fn<void(ort::Status*)>(ort::ReleaseStatus)(s);
-    if (otherwise == INT64_MIN) throw Error{std::string("attribute ") + name + " is required"};
-    return otherwise;
-  }
-  return v;
+  int64_t v = 0;
+  if (ivit::ort_attribute(g_api, info, name, v)) return v;
+  if (otherwise == INT64_MIN) throw Error{std::string("attribute ") + name + " is required"};
+  return otherwise;
 }
 
 ort::Status* create(const ort::CustomOp* op, const ort::Api*, const ort::KernelInfo* info, void** out) {

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from ivit_onnx.graph import input_uses, node_attrs
+from ivit_onnx.graph import node_attrs
 
-from .qgemm_fold import ENGINE_DOMAIN
+from .qgemm_fold import ENGINE_DOMAIN, _Graph, apply
 
 IM2COL = [0, 2, 4, 1, 3, 5]
 
@@ -46,31 +46,28 @@ def quantize_patches(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.Mod
     how many were fused."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    g = out.graph
-    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    uses, images = input_uses(g), _image_shapes(g)
-    protected = {o.name for o in g.output} | set(keep)
+    gr, images = _Graph(out.graph, keep), _image_shapes(out.graph)
 
     def only(tensor: str, op: str, shapes: bool = False) -> onnx.NodeProto | None:
         """The one ``op`` reading ``tensor`` (besides, with ``shapes``, Shape nodes), else None."""
-        found = [(n, k) for n, k in uses.get(tensor, []) if not (shapes and n.op_type == "Shape")]
-        if tensor in protected or len(found) != 1:
+        found = [(n, k) for n, k in gr.uses.get(tensor, []) if not (shapes and n.op_type == "Shape")]
+        if tensor in gr.protected or len(found) != 1:
             return None
         node, k = found[0]
         return node if node.op_type == op and node.domain in ("", "ai.onnx") and k == 0 else None
 
     def target(node: onnx.NodeProto) -> list[int] | None:
-        v = consts.get(node.input[1]) if len(node.input) > 1 else None
+        v = gr.const(node, 1)
         if v is None or node_attrs(node).get("allowzero", 0):
             return None
         return [int(d) for d in v.reshape(-1)]
 
-    fused, drop, new = 0, set(), {}  # (op_type, output) of the nodes that go; the new ones by their output
-    for q in g.node:
+    replace, dead = {}, set()  # each QuantizePatches in place of its last Reshape (by id); the nodes that go
+    for q in out.graph.node:
         if q.op_type != "QuantizeLinear" or q.domain not in ("", "ai.onnx") or len(q.input) != 3:
             continue
         chw = images.get(q.input[0])
-        scale, zp = _scalar(consts, q.input[1], "f"), _scalar(consts, q.input[2], "iu")
+        scale, zp = _scalar(gr.consts, q.input[1], "f"), _scalar(gr.consts, q.input[2], "iu")
         if chw is None or scale is None or scale.dtype != np.float32 or zp is None or zp.dtype.itemsize != 1:
             continue
         first = only(q.output[0], "Reshape", shapes=True)
@@ -85,22 +82,14 @@ def quantize_patches(model: onnx.ModelProto, keep=frozenset()) -> tuple[onnx.Mod
         _, _, ho, ph, wo, pw = t1
         if min(ho, ph, wo, pw) < 1 or ho * ph != h or wo * pw != w or t2 != [0, ho * wo, c * ph * pw]:
             continue
-        new[second.output[0]] = helper.make_node(
+        replace[id(second)] = helper.make_node(
             "QuantizePatches", list(q.input), [second.output[0]], name=f"{q.name or q.output[0]}/patches",
             domain=ENGINE_DOMAIN, patch_h=ph, patch_w=pw)
-        drop.update((n.op_type, n.output[0]) for n in (q, first, perm, second))
-        for n, _ in uses.get(q.output[0], []):  # a Shape of the quantized image: the image's own
+        dead.update(id(n) for n in (q, first, perm))
+        for n, _ in gr.uses.get(q.output[0], []):  # a Shape of the quantized image: the image's own
             if n.op_type == "Shape":
                 n.input[0] = q.input[0]
-        fused += 1
-    if fused:  # each QuantizePatches where its last Reshape was
-        nodes = [new.get(n.output[0], n) for n in g.node if (n.op_type, n.output[0]) not in drop
-                 or n.output[0] in new]
-        del g.node[:]
-        g.node.extend(nodes)
-        if not any(o.domain == ENGINE_DOMAIN for o in out.opset_import):
-            out.opset_import.append(helper.make_opsetid(ENGINE_DOMAIN, 1))
-    return out, fused
+    return out, apply(out, replace, dead)
 
 
 __all__ = ["quantize_patches"]
