@@ -4,7 +4,8 @@
 #   device call 1:   run(carry=[".dev1"], command="bash benchmarks/gpu_session.sh stage")
 #   device call 2:   run(carry=[".dev2"], command="bash benchmarks/gpu_session.sh go")   # within ~30 s of call 1
 # `go` installs into /tmp/site, then writes to $OUT: the CUDA benchmark at batch 8 and 64 (cuda8.json, cuda64.json;
-# k8.md, k64.md: per-kernel GPU times), gpu tests (gpu_tests.txt) and CUDA graphs (cuda8_graph.json).
+# k8.md, k64.md: per-kernel GPU times), gpu tests (gpu_tests.txt), each GEMM with both weight layouts (stdout) and
+# CUDA graphs (cuda8_graph.json).
 set -euo pipefail
 case "${1:-}" in
 prepare)
@@ -35,6 +36,7 @@ go)
     -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt" || true
   timeout "$(left 200)" python3 benchmarks/bench_tvm.py --target cuda --batch 64 --json "$OUT/cuda64.json" \
     --kernels-out "$OUT/k64.md" 2>&1 || true
+  timeout "$(left 90)" python3 benchmarks/bench_tc_layout.py 2>&1 || true  # each GEMM, [K, N] vs [N, K] weights
   timeout "$(left 200)" python3 -m pytest -q -m gpu tests/tvm tests/e2e -p no:cacheprovider \
     --deselect tests/tvm/test_cuda_tiles.py --deselect tests/tvm/test_cuda_tc.py 2>&1 | tail -15 \
     | tee -a "$OUT/gpu_tests.txt" || true

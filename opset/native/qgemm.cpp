@@ -11,6 +11,8 @@
 //     2 * 255 * 128 < 2**31, then vpaddd wraps;
 //   * AVX-512 VNNI: vpdpbusd, uint8 x int8 (a' = A for uint8, A + 128 for int8, za' likewise): four products of
 //     at most 255 * 128 summed into int32 (vpdpbusd, not the saturating vpdpbusds);
+//   * AMX (Sapphire Rapids and later, Linux): tdpbusd, the VNNI encoding and packing, a tile of 16 rows x 64 k
+//     times 64 k x 16 columns: four products of at most 255 * 128 into each int32, summed with wrap-around;
 //   * aarch64 NEON (every ARMv8 core, e.g. Cortex-A72): smlal / smlal2, one int16 x int16 product widened into
 //     each int32 lane (a' = A sign- or zero-extended, za' = za), modular adds;
 //   * aarch64 dot product (asimddp: Cortex-A76, Neoverse-N1, Apple): sdot, int8 x int8 (a' = A for int8,
@@ -20,7 +22,9 @@
 // B is packed once, at creation: for portable and AVX2 as int16 pairs in tiles of 16 columns
 // ([K/2][16][2]), for NEON as int16 rows ([K][16]), for VNNI and sdot as 4-byte groups in tiles of 48 and 16
 // columns ([K/4][nr][4]), for smmla as 8-byte groups ([K/8][16][8]: a pair of columns is one 2 x 8 operand);
-// K padded with zeros (NEON and smmla to 8, sdot to 16: the lanes of one A register).
+// K padded with zeros (NEON and smmla to 8, sdot to 16: the lanes of one A register, AMX to 64: a tile's row).
+// AMX reads the VNNI layout as it is: 16 of a tile's 48 columns over 64 k are one B tile (16 rows 192 bytes
+// apart).
 // Rows are split in chunks over the caller's pool (parallel.h) or over `threads` threads.
 
 #include "qgemm.h"
@@ -44,8 +48,20 @@
 #define IVIT_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 // the VNNI path's vector epilogue (vpmullq in the residual stage): with AVX-512 DQ, as every VNNI CPU has
 #define IVIT_T_EPI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
+#if defined(__clang__) || __GNUC__ >= 11  // the AMX intrinsics
+#define IVIT_QGEMM_AMX 1
+#define IVIT_T_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni")))
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#else
+#define IVIT_QGEMM_AMX 0
+#endif
 #else
 #define IVIT_QGEMM_X86 0
+#define IVIT_QGEMM_AMX 0
 #endif
 
 #if defined(__aarch64__) && defined(__GNUC__)
@@ -79,8 +95,8 @@
 namespace {
 
 using i64 = int64_t;
-enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3, NEON = 4, DOTPROD = 5, I8MM = 6, LAST = I8MM };
-const char* const NAMES[] = {"auto", "portable", "avx2", "vnni", "neon", "dotprod", "i8mm"};  // IVIT_GEMM_ISA's
+enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3, NEON = 4, DOTPROD = 5, I8MM = 6, AMX = 7, LAST = AMX };
+const char* const NAMES[] = {"auto", "portable", "avx2", "vnni", "neon", "dotprod", "i8mm", "amx"};  // IVIT_GEMM_ISA's
 enum Out : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
 
 std::atomic<int> g_refused{0};  // bit per path the self-check refused (never picked by AUTO)
@@ -123,6 +139,24 @@ bool cpu_dq() {
 #endif
 }
 
+#if IVIT_QGEMM_AMX
+// AMX-TILE and AMX-INT8 in CPUID, and the kernel's leave to use the tile data (Linux: arch_prctl
+// ARCH_REQ_XCOMP_PERM, once per process; without it the first tile instruction faults)
+bool cpu_amx() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+#if defined(__linux__)
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
+#endif
+
 bool cpu_has(int isa) {
   if (isa == PORTABLE) return true;
 #if IVIT_QGEMM_X86
@@ -132,6 +166,9 @@ bool cpu_has(int isa) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
+#if IVIT_QGEMM_AMX
+  if (isa == AMX) return cpu_has(VNNI) && cpu_amx();  // the VNNI path's packing and epilogue, AMX's products
+#endif
 #endif
 #if IVIT_QGEMM_ARM
   if (isa == NEON) return true;  // Advanced SIMD is part of every ARMv8-A core
@@ -142,7 +179,9 @@ bool cpu_has(int isa) {
 }
 
 // the byte paths: A as one byte per value (VNNI as uint8; sdot, smmla as int8); the others widen it to int16
-bool bytes(int isa) { return isa == VNNI || isa == DOTPROD || isa == I8MM; }
+bool bytes(int isa) { return isa == VNNI || isa == AMX || isa == DOTPROD || isa == I8MM; }
+// VNNI and AMX: the same encoding (uint8 A), packing (tiles of 48 columns), AVX-512 epilogue and repacking
+bool vnni_like(int isa) { return isa == VNNI || isa == AMX; }
 bool signed_bytes(int isa) { return isa == DOTPROD || isa == I8MM; }
 bool arm(int isa) { return isa == NEON || isa == DOTPROD || isa == I8MM; }
 
@@ -155,7 +194,7 @@ int pick(int isa) {
       if (!std::strcmp(env, NAMES[p])) return p;
     return -1;
   }
-  for (int p : {VNNI, AVX2, I8MM, DOTPROD, NEON})
+  for (int p : {AMX, VNNI, AVX2, I8MM, DOTPROD, NEON})
     if (cpu_has(p) && !(g_refused.load() & (1 << p))) return p;
   return PORTABLE;
 }
@@ -166,6 +205,7 @@ struct Layout {
 Layout layout(int isa) {
   switch (isa) {
     case VNNI: return {48, 4, 8, 4};
+    case AMX: return {48, 4, 16, 64};
     case AVX2: return {16, 2, 6, 2};
     case NEON: return {16, 1, 4, 8};
     case DOTPROD: return {16, 4, 4, 16};
@@ -343,6 +383,63 @@ IVIT_T_VNNI void micro_vnni(const uint8_t* a, i64 lda, i64 klen, const int8_t* b
 #undef IVIT_STORE
 }
 #undef IVIT_ROWS
+
+#if IVIT_QGEMM_AMX
+// micro_amx's tile palette: tiles 0-2 the accumulators (16 rows of 16 int32), 3 the rows of A (16 rows of 64
+// bytes), 4-6 B (16 groups of 4 k, 16 columns each). Loaded per chunk (run_chunk): other code on the thread
+// (onnxruntime's own AMX kernels) may load its own between our calls.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+// GCC's tile intrinsics are asm statements that tell the compiler nothing of the memory they read or write
+// (_tile_loadconfig: 8 bytes of the 64): the barriers keep the stores before them (the palette, the packed
+// rows) and the reads after them (the stored tile)
+#define IVIT_AMX_FENCE(p) __asm__ volatile("" : : "r"(p) : "memory")
+IVIT_T_AMX void amx_begin() {
+  TileConfig cfg;
+  for (int t = 0; t < 7; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  IVIT_AMX_FENCE(&cfg);
+  _tile_loadconfig(&cfg);
+}
+IVIT_T_AMX void amx_end() { _tile_release(); }
+
+// 16 rows x NV vectors of 16 columns of the tile (out's rows 48 int32 apart; add: onto what it holds), klen a
+// multiple of 64: per 64 k one A tile and NV B tiles read in place from the VNNI-packed weights
+template <int NV>
+IVIT_T_AMX void micro_amx(const uint8_t* a, i64 lda, i64 klen, const int8_t* b, int32_t* out, bool add) {
+  constexpr i64 LD = 48 * 4;  // bytes between rows of out and between groups of 4 k of the packed tile
+  IVIT_AMX_FENCE(out);
+  if (add) {
+    _tile_loadd(0, out, LD);
+    if constexpr (NV > 1) _tile_loadd(1, out + 16, LD);
+    if constexpr (NV > 2) _tile_loadd(2, out + 32, LD);
+  } else {
+    _tile_zero(0);
+    if constexpr (NV > 1) _tile_zero(1);
+    if constexpr (NV > 2) _tile_zero(2);
+  }
+  for (i64 k = 0; k < klen; k += 64) {
+    const int8_t* bk = b + k * 48;
+    _tile_loadd(3, a + k, lda);
+    _tile_loadd(4, bk, LD);
+    _tile_dpbusd(0, 3, 4);
+    if constexpr (NV > 1) {
+      _tile_loadd(5, bk + 64, LD);
+      _tile_dpbusd(1, 3, 5);
+    }
+    if constexpr (NV > 2) {
+      _tile_loadd(6, bk + 128, LD);
+      _tile_dpbusd(2, 3, 6);
+    }
+  }
+  _tile_stored(0, out, LD);
+  if constexpr (NV > 1) _tile_stored(1, out + 16, LD);
+  if constexpr (NV > 2) _tile_stored(2, out + 32, LD);
+  IVIT_AMX_FENCE(out);
+}
+#endif
 #endif
 
 #if IVIT_QGEMM_ARM
@@ -1098,7 +1195,15 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t
     rowsum[r] = s;
   }
   // K in blocks of KC, so that a block of the weight tile and of the rows stay in L1 across the row blocks
-  const i64 kc = kp <= 3 * KC / 2 ? kp : KC;
+  // (AMX: K whole, its accumulators staying in their tiles; the weight tile streams from L2 at any K)
+  const i64 kc = kp <= 3 * KC / 2 || g.isa == AMX ? kp : KC;
+#if IVIT_QGEMM_AMX
+  struct Tiles {  // AMX: the palette loaded for this chunk, released after it
+    bool on;
+    explicit Tiles(bool amx) : on(amx) { if (on) amx_begin(); }
+    ~Tiles() { if (on) amx_end(); }
+  } tiles_in_use(g.isa == AMX);
+#endif
   for (i64 t = t0; t < t1; ++t) {
     const i64 n0 = t * L.nr, cols = std::min<i64>(L.nr, g.n - n0);
     for (i64 k0 = 0; k0 < kp; k0 += kc) {
@@ -1107,13 +1212,19 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t
         int32_t* out = tile + r0 * L.nr;
         switch (g.isa) {
 #if IVIT_QGEMM_X86
-          case VNNI: {
+          case VNNI:
+          case AMX: {  // the tile's 1-3 vectors of 16 columns with any in it, on vpdpbusd or tdpbusd
+            using Micro = void (*)(const uint8_t*, i64, i64, const int8_t*, int32_t*, bool);
+#if IVIT_QGEMM_AMX
+            static constexpr Micro AMX_K[] = {micro_amx<1>, micro_amx<2>, micro_amx<3>};
+#else
+            static constexpr Micro AMX_K[] = {nullptr, nullptr, nullptr};  // never packed without AMX
+#endif
+            static constexpr Micro VNNI_K[] = {micro_vnni<1>, micro_vnni<2>, micro_vnni<3>};
             const uint8_t* ar = r0 < in_place ? a_rows + r0 * lda + k0 : p8 + r0 * kp + k0;
             const i64 ld = r0 < in_place ? lda : kp;
-            const int8_t* bt = g.b8.data() + (t * kp + k0) * 48;
-            if (cols > 32) micro_vnni<3>(ar, ld, klen, bt, out, k0 > 0);
-            else if (cols > 16) micro_vnni<2>(ar, ld, klen, bt, out, k0 > 0);
-            else micro_vnni<1>(ar, ld, klen, bt, out, k0 > 0);
+            const i64 nv = (cols + 15) / 16;
+            (g.isa == AMX ? AMX_K : VNNI_K)[nv - 1](ar, ld, klen, g.b8.data() + (t * kp + k0) * 48, out, k0 > 0);
             break;
           }
           case AVX2: micro_avx2(p16 + r0 * kp + k0, kp, klen, g.b16.data() + (t * kp + k0) * 16, out, k0 > 0); break;
@@ -1144,9 +1255,9 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t
       }
     }
 #if IVIT_QGEMM_X86
-    if (g.fast && (g.isa == VNNI || g.isa == AVX2)) {
+    if (g.fast && (vnni_like(g.isa) || g.isa == AVX2)) {
       TO* yt = y + m0 * ldy + n0;
-      if (g.isa == VNNI) {
+      if (vnni_like(g.isa)) {
         if (g.hi32 && g.hadd) epilogue_tile_avx512<true, true>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
         else if (g.hi32) epilogue_tile_avx512<true, false>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
         else if (g.hadd) epilogue_tile_avx512<false, true>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
@@ -1308,7 +1419,7 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
     return nullptr;
   };
   if (isa < PORTABLE || isa > LAST)
-    return fail("IVIT_GEMM_ISA must be portable, avx2, vnni, neon, dotprod or i8mm");
+    return fail("IVIT_GEMM_ISA must be portable, avx2, vnni, amx, neon, dotprod or i8mm");
   if (!cpu_has(isa)) return fail("this CPU lacks the instruction set of the GEMM path asked for");
   if (a_code != 0 && a_code != 1) return fail("A must be int8 or uint8");
   if (out_code < I8 || out_code > I32) return fail("the output must be int8, uint8, int16 or int32");
@@ -1340,7 +1451,7 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
   g->isa = isa, g->a_code = a_code, g->out_code = out_code, g->k = k, g->n = n, g->lay = layout(isa);
   g->kp = (k + g->lay.kalign - 1) / g->lay.kalign * g->lay.kalign;
   g->tiles = (n + g->lay.nr - 1) / g->lay.nr;
-  g->za_enc = isa == VNNI && a_code == 0 ? za + 128 : (signed_bytes(isa) && a_code == 1 ? za - 128 : za);
+  g->za_enc = vnni_like(isa) && a_code == 0 ? za + 128 : (signed_bytes(isa) && a_code == 1 ? za - 128 : za);
   g->zy = zy, g->qmin = qmin, g->qmax = qmax;
   const i64 nr = g->lay.nr, kstep = g->lay.kstep, kp = g->kp;
   if (bytes(isa)) g->b8.assign(g->tiles * kp * nr, 0); else g->b16.assign(g->tiles * kp * nr, 0);
@@ -1364,11 +1475,11 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
   if (table) g->table.assign(table, table + (qmax - qmin + 1));
   if (add)  // the residual stage reads v as its type: the table's entries cast to it, once
     for (int32_t& e : g->table) e = static_cast<int32_t>(as_type(e, out_code));
-  if (table && isa == VNNI && (out_code == I8 || out_code == U8) && qmax - qmin < 256 && cpu_vbmi()) {
+  if (table && vnni_like(isa) && (out_code == I8 || out_code == U8) && qmax - qmin < 256 && cpu_vbmi()) {
     for (i64 i = 0; i <= qmax - qmin; ++i) g->tab8[i] = static_cast<uint8_t>(table[i]);
     g->vbmi_table = true;
   }
-  g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX && (isa != VNNI || cpu_dq());
+  g->fast = isa != PORTABLE && qmin >= INT32_MIN && qmax <= INT32_MAX && (!vnni_like(isa) || cpu_dq());
   const i64 padded = g->tiles * nr;  // the vector epilogue reads whole tiles (padding columns: unused)
   if (add) {
     auto fits = [](i64 v) { return v >= INT32_MIN && v <= INT32_MAX; };
@@ -1411,13 +1522,13 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
     g->out_code = last->post ? last->post_code : last->out_code;
     if (last->post) {
       g->post.assign(last->post, last->post + (last->qmax - last->qmin + 1));
-      if (isa == VNNI && (g->out_code == I8 || g->out_code == U8) && last->qmax - last->qmin < 256 && cpu_vbmi()) {
+      if (vnni_like(isa) && (g->out_code == I8 || g->out_code == U8) && last->qmax - last->qmin < 256 && cpu_vbmi()) {
         for (i64 i = 0; i <= last->qmax - last->qmin; ++i) g->post8[i] = static_cast<uint8_t>(last->post[i]);
         g->vbmi_post = true;
       }
     }
     g->fast = g->fast && g->add_fast;
-    g->hadd = g->fast && isa == VNNI;
+    g->hadd = g->fast && vnni_like(isa);
     for (int i = 0; i < g->stages; ++i) {
       const Stage& t = g->st[i];
       g->hadd = g->hadd && (t.pow2 || (t.ac >= 32 && t.alo - t.azy >= INT32_MIN && t.ahi - t.azy <= INT32_MAX));
@@ -1536,6 +1647,38 @@ IVIT_T_AVX2 i64 peak_avx2(i64 iters, int32_t* sum) {
   }
   return iters * 6 * 16;
 }
+#if IVIT_QGEMM_AMX
+// four independent tdpbusd chains (tiles 0-3), A in tiles 4-5, B in 6-7
+IVIT_T_AMX i64 peak_amx(i64 iters, int32_t* sum) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  IVIT_AMX_FENCE(&cfg);
+  _tile_loadconfig(&cfg);
+  alignas(64) int8_t src[16 * 64];
+  for (int i = 0; i < 16 * 64; ++i) src[i] = static_cast<int8_t>(i % 7 - 3);
+  IVIT_AMX_FENCE(src);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, src, 64);
+  _tile_loadd(5, src, 64);
+  _tile_loadd(6, src, 64);
+  _tile_loadd(7, src, 64);
+  for (i64 i = 0; i < iters; ++i) {
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
+  }
+  alignas(64) int32_t c[16 * 16];
+  _tile_stored(0, c, 64);
+  IVIT_AMX_FENCE(c);
+  for (int32_t v : c) *sum += v;
+  _tile_release();
+  return iters * 4 * 16 * 16 * 64;
+}
+#endif
 #endif
 #if IVIT_QGEMM_ARM
 i64 peak_neon(i64 iters, int32_t* sum) {
@@ -1580,6 +1723,9 @@ int64_t ivit_qgemm_peak(int isa, int64_t iters, int32_t* sum) {
     case VNNI: return peak_vnni(iters, sum);
     case AVX2: return peak_avx2(iters, sum);
 #endif
+#if IVIT_QGEMM_AMX
+    case AMX: return peak_amx(iters, sum);
+#endif
 #if IVIT_QGEMM_ARM
     case NEON: return peak_neon(iters, sum);
     case DOTPROD: return peak_dot(iters, sum);
@@ -1599,7 +1745,7 @@ std::string check_qgemm() {
     const char* fault = std::getenv("IVIT_GEMM_PROBE_FAULT");
     const bool faulty = fault && !std::strcmp(fault, "qgemm");
     std::string out;
-    for (int isa : {VNNI, AVX2, I8MM, DOTPROD, NEON, PORTABLE}) {
+    for (int isa : {AMX, VNNI, AVX2, I8MM, DOTPROD, NEON, PORTABLE}) {
       if (!cpu_has(isa)) continue;
       std::string why;
       for (int a_code : {0, 1})
@@ -1763,7 +1909,7 @@ extern "C" void ivit_qgemm_repack(void* gp, const uint8_t* b, int64_t ldk, int64
     }
   };
 #if IVIT_QGEMM_X86
-  if (g.isa == VNNI && ldk == 1) {
+  if (vnni_like(g.isa) && ldk == 1) {
     repack_kt_vnni(g.b8.data(), b, k, n, kp, ldn, f, colsum.data());
   } else
 #endif

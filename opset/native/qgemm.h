@@ -23,9 +23,9 @@
 #include "ort_abi.h"
 
 extern "C" {
-// Instruction-set paths: 0 the best this CPU has (or IVIT_GEMM_ISA=portable|avx2|vnni|neon|dotprod|i8mm),
+// Instruction-set paths: 0 the best this CPU has (or IVIT_GEMM_ISA=portable|avx2|vnni|amx|neon|dotprod|i8mm),
 // 1 portable C++, 2 AVX2 vpmaddwd, 3 AVX-512 VNNI vpdpbusd, 4 aarch64 NEON smlal, 5 aarch64 sdot (asimddp),
-// 6 aarch64 smmla (i8mm).
+// 6 aarch64 smmla (i8mm), 7 AMX tdpbusd (amx: Linux, Sapphire Rapids and later).
 int ivit_qgemm_supported(int isa);  // 1 if this CPU (and build) runs that path
 int ivit_qgemm_usable(int isa);     // 1 if it does and the self-check (run here if not yet) did not refuse it
 // A packed GEMM, or null with *err set (a static message). Dtype codes of kernels.h: a_code 0 int8 / 1 uint8;

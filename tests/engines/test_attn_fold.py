@@ -83,7 +83,7 @@ def engine_ops(model: onnx.ModelProto) -> list[str]:
 
 
 @pytest.mark.skipif(not fast_path(), reason="no vector QGemm path here: the compile step keeps MatMulInteger")
-@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", ""])
+@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "amx", ""])
 def test_folded_attention_is_bit_exact(isa, monkeypatch):
     from tests.opset.test_qgemm import ISAS, need
 
@@ -179,7 +179,7 @@ def softmax_model(rng, up: int, length: int = 37, bits: int = 8,
 
 
 @pytest.mark.skipif(not fast_path(), reason="no vector QGemm path here: the compile step keeps MatMulInteger")
-@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "neon", "dotprod", "i8mm", ""])
+@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "amx", "neon", "dotprod", "i8mm", ""])
 def test_scores_shiftmax_fused(isa, monkeypatch):
     """Q·Kᵀ -> RequantizeShiftmax (chain_fold's) runs as one QBatchMatMulShiftmax where its table is
     non-decreasing, equal bit for bit to the graph as converted; a decreasing table keeps the two ops."""

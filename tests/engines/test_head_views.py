@@ -138,7 +138,7 @@ def _check(model, feeds, compiled) -> None:
     assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
-@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "neon", "dotprod", "i8mm", ""])
+@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "amx", "neon", "dotprod", "i8mm", ""])
 def test_head_views_are_bit_exact(isa, monkeypatch):
     from tests.opset.test_qgemm import ISAS, need
 

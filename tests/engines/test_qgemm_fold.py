@@ -77,7 +77,7 @@ def fused_ops(model: onnx.ModelProto) -> list[str]:
 
 
 @pytest.mark.skipif(not fast_path(), reason="no vector QGemm path here: the compile step keeps MatMulInteger")
-@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "neon", "dotprod", "i8mm", ""])
+@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "amx", "neon", "dotprod", "i8mm", ""])
 @pytest.mark.parametrize("u8_gemm", [True, False])
 def test_fused_artifact_is_bit_exact(isa, u8_gemm, monkeypatch):
     from tests.opset.test_qgemm import ISAS, need

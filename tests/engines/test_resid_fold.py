@@ -63,7 +63,7 @@ def resid_model(rng, adt, *, side=1, form="act", r_type=np.int8, r_shape=(2, 5, 
     return model, feeds
 
 
-@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "neon", "dotprod", "i8mm", ""])
+@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "amx", "neon", "dotprod", "i8mm", ""])
 def test_fused_artifact_is_bit_exact(isa, monkeypatch):
     from tests.opset.test_qgemm import ISAS, need
 
@@ -115,7 +115,7 @@ def gelu_after_the_sum(model: onnx.ModelProto, head: str, per_channel: bool = Fa
     return model
 
 
-@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "neon", "dotprod", "i8mm"])
+@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "amx", "neon", "dotprod", "i8mm"])
 def test_a_table_after_the_sum(isa, monkeypatch):
     """A GELU after the sum (chain_fold's RequantizeTable, over the int8 sum or over its Requantize's outputs)
     goes into the same epilogue as QGemmAddTable / QGemmTableAddTable, with the reference evaluator's bits on
@@ -165,7 +165,7 @@ def then_residual(model: onnx.ModelProto, rng, form: str = "act", side: int = 0)
     return model, r2 if form == "act" else None
 
 
-@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "neon", "dotprod", "i8mm"])
+@pytest.mark.parametrize("isa", ["portable", "avx2", "vnni", "amx", "neon", "dotprod", "i8mm"])
 def test_a_second_iadd(isa, monkeypatch):
     """``quantize_static``'s bias IAdd then the residual IAdd: both in the epilogue as QGemmAddAdd (or
     QGemmTableAddAdd; with a GELU after, ...Table), either side, with the reference evaluator's bits on every

@@ -29,7 +29,7 @@ from ivit_onnx.opset.ort_library import INT8_GEMMS, native_library
 from ivit_onnx.opset.requantize import reference as requantize
 
 pytestmark = pytest.mark.skipif(not native_kernels.available(), reason="native library not built")
-ISAS = {"portable": 1, "avx2": 2, "vnni": 3, "neon": 4, "dotprod": 5, "i8mm": 6}
+ISAS = {"portable": 1, "avx2": 2, "vnni": 3, "neon": 4, "dotprod": 5, "i8mm": 6, "amx": 7}
 CODES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3}
 KS = (1, 7, 64, 257, 1024)
 DOMAIN = "ai.ivit.engine"
@@ -175,7 +175,7 @@ def test_high_shifts(isa):
                         got = run_c(isa, c, table=tab, forms=took)
                         np.testing.assert_array_equal(got, tab[want.astype(np.int64) - c["qmin"]])
     hi32 = [f & 1 for f in took]
-    if isa in ("avx2", "vnni"):
+    if isa in ("avx2", "vnni", "amx"):
         assert 0 < sum(hi32) < len(hi32), hi32
     else:
         assert sum(hi32) == 0
@@ -295,6 +295,36 @@ def test_refusals(monkeypatch):
         ort_run(model, {**feeds, "b": c["b"]})
 
 
+#: the order in which AUTO takes the paths this CPU has (qgemm.cpp's pick)
+PREFERENCE = ("amx", "vnni", "avx2", "i8mm", "dotprod", "neon", "portable")
+
+
+def test_auto_takes_the_fastest_path(monkeypatch):
+    """Without IVIT_GEMM_ISA a GEMM runs on the first path of PREFERENCE this CPU has (AMX over VNNI where the
+    CPU and kernel allow the tiles), bit-exact."""
+    monkeypatch.delenv("IVIT_GEMM_ISA", raising=False)
+    lib = _lib()
+    best = next(p for p in PREFERENCE if lib.ivit_qgemm_usable(ISAS[p]))
+    c = case(np.random.default_rng(11), np.int8, 200, 50, 40, True)
+    arr = {key: np.ascontiguousarray(np.asarray(c[key]).reshape(-1).astype(np.int64))
+           for key in ("zb", "zx", "mult", "shift")}
+    err = ctypes.c_char_p()
+    b = np.ascontiguousarray(c["b"])
+    g = lib.ivit_qgemm_create(0, CODES[c["a"].dtype], 200, 50, b.ctypes.data, arr["zb"].ctypes.data,
+                              arr["zb"].size, int(c["za"]), arr["zx"].ctypes.data, arr["mult"].ctypes.data,
+                              arr["shift"].ctypes.data, arr["zx"].size, int(c["zy"]), c["qmin"], c["qmax"],
+                              None, CODES[np.dtype(np.asarray(c["zy"]).dtype)], ctypes.byref(err))
+    assert g, err.value
+    try:
+        assert lib.ivit_qgemm_isa(g) == ISAS[best]
+        a = np.ascontiguousarray(c["a"])
+        y = np.zeros((a.shape[0], 50), np.asarray(c["zy"]).dtype)
+        assert lib.ivit_qgemm_run(g, a.ctypes.data, a.shape[0], y.ctypes.data, 2) == 0
+        np.testing.assert_array_equal(y, reference(**c))
+    finally:
+        lib.ivit_qgemm_destroy(g)
+
+
 def test_self_check_probes_every_path():
     """Registration probes each path at its worst cases and records the outcome; a refused path is never
     picked, and with no vector path left the compile step keeps MatMulInteger (``IVIT_GEMM_PROBE_FAULT=qgemm``
@@ -334,6 +364,18 @@ PEAK = {"avx2": (6 * 16, 8 * 2 * -5 * (1 + 2 + 3 + 4 + 5 + 6)), "vnni": (12 * 64
         "i8mm": (12 * 32, 12 * 4 * 8 * 3 * -5)}
 
 
+def _amx_peak_round() -> tuple[int, int]:
+    """peak_amx's round: four 16 x 16 x 64 tdpbusd; tile 0 sums A (bytes i % 7 - 3 read as uint8) times B (the
+    same bytes as int8, 16 groups of 4 k by 16 columns), and only tile 0 is summed."""
+    src = (np.arange(16 * 64) % 7 - 3).astype(np.int8).reshape(16, 64)
+    a = src.view(np.uint8).astype(np.int64)  # [m, k]
+    b = src.astype(np.int64).reshape(16, 16, 4).transpose(0, 2, 1).reshape(64, 16)  # [k, n]: group g, byte i
+    return 4 * 16 * 16 * 64, int((a @ b).sum())
+
+
+PEAK["amx"] = _amx_peak_round()
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_peak_loop_runs_its_instruction(isa):
     """The roofline's ceiling (bench_qgemm.py --kernel) really executes each round's products: the count it
@@ -347,4 +389,4 @@ def test_peak_loop_runs_its_instruction(isa):
     if isa == "portable":
         assert macs == 0
         return
-    assert (macs, total.value) == (10 * PEAK[isa][0], 10 * PEAK[isa][1])
+    assert (macs, total.value) == (10 * PEAK[isa][0], np.int32(np.int64(10 * PEAK[isa][1])).item())

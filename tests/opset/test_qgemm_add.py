@@ -159,8 +159,8 @@ def test_residual_paths_bit_exact(isa, adt, per_column):
                     np.testing.assert_array_equal(got, expect, err_msg=msg, strict=True)
                     saturated += int((expect == res["qmin"]).any() or (expect == res["qmax"]).any())
     assert saturated > 36, saturated  # of 72 cases, a clip reached
-    if isa == "vnni":  # the stages' int32-lane form (stage shifts of 32 and more) and the 64-bit one, with
-        # and without the Requantize's
+    if isa in ("vnni", "amx"):  # the stages' int32-lane form (stage shifts of 32 and more) and the 64-bit
+        # one, with and without the Requantize's
         assert {f & 2 for f in took} == {0, 2} and {f & 1 for f in took} == {0, 1}, took
 
 
@@ -258,7 +258,7 @@ def test_power_of_two_stages(isa):
             got = run_c(isa, c, first, table=table, then=res, post=post, forms=took)
             np.testing.assert_array_equal(got, want(c, first, table=table, then=res, post=post), strict=True)
     pow2 = {f & 4 for f in took}
-    assert pow2 == ({0, 4} if isa in ("avx2", "vnni") else {0}), took
+    assert pow2 == ({0, 4} if isa in ("avx2", "vnni", "amx") else {0}), took
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -126,8 +126,8 @@ def _fused(gr: _Graph, head: onnx.NodeProto, g: onnx.GraphProto, fresh) -> onnx.
                             **attrs)
 
 
-#: the vector QGemm paths (qgemm.h's codes): AVX2, AVX-512 VNNI, aarch64 NEON, sdot, smmla
-VECTOR_PATHS = (2, 3, 4, 5, 6)
+#: the vector QGemm paths (qgemm.h's codes): AVX2, AVX-512 VNNI, aarch64 NEON, sdot, smmla, AMX
+VECTOR_PATHS = (2, 3, 4, 5, 6, 7)
 
 
 def fast_path() -> bool:
