@@ -31,10 +31,11 @@ from onnx import helper, numpy_helper
 
 from ivit_onnx import bench
 from ivit_onnx.engines.onnxruntime import InferenceSession
+from ivit_onnx.engines.onnxruntime.qgemm_fold import GEMM_PATHS
 from ivit_onnx.engines.onnxruntime.session import session_options
 from ivit_onnx.opset import native_kernels
 
-ISAS = {"portable": 1, "avx2": 2, "vnni": 3, "neon": 4, "dotprod": 5, "i8mm": 6, "amx": 7}
+ISAS = GEMM_PATHS
 #: (K, N) of a DeiT block's GEMMs: qkv, proj, fc1, fc2
 SHAPES = {"deit_tiny": [(192, 576), (192, 192), (192, 768), (768, 192)],
           "deit_small": [(384, 1152), (384, 384), (384, 1536), (1536, 384)]}

@@ -179,11 +179,14 @@ bool cpu_has(int isa) {
 }
 
 // the byte paths: A as one byte per value (VNNI as uint8; sdot, smmla as int8); the others widen it to int16
-bool bytes(int isa) { return isa == VNNI || isa == AMX || isa == DOTPROD || isa == I8MM; }
 // VNNI and AMX: the same encoding (uint8 A), packing (tiles of 48 columns), AVX-512 epilogue and repacking
 bool vnni_like(int isa) { return isa == VNNI || isa == AMX; }
+bool bytes(int isa) { return vnni_like(isa) || isa == DOTPROD || isa == I8MM; }
 bool signed_bytes(int isa) { return isa == DOTPROD || isa == I8MM; }
 bool arm(int isa) { return isa == NEON || isa == DOTPROD || isa == I8MM; }
+
+// The paths from the fastest a CPU may have to the portable loop: AUTO's order, and the self-check's
+constexpr int PREFERENCE[] = {AMX, VNNI, AVX2, I8MM, DOTPROD, NEON, PORTABLE};
 
 // The path AUTO means: IVIT_GEMM_ISA if set, else the best one this CPU has that the self-check did not refuse.
 int pick(int isa) {
@@ -194,9 +197,9 @@ int pick(int isa) {
       if (!std::strcmp(env, NAMES[p])) return p;
     return -1;
   }
-  for (int p : {AMX, VNNI, AVX2, I8MM, DOTPROD, NEON})
+  for (int p : PREFERENCE)
     if (cpu_has(p) && !(g_refused.load() & (1 << p))) return p;
-  return PORTABLE;
+  return PORTABLE;  // every path refused, the portable one too: it all the same
 }
 
 struct Layout {
@@ -397,9 +400,10 @@ struct alignas(64) TileConfig {
 // (_tile_loadconfig: 8 bytes of the 64): the barriers keep the stores before them (the palette, the packed
 // rows) and the reads after them (the stored tile)
 #define IVIT_AMX_FENCE(p) __asm__ volatile("" : : "r"(p) : "memory")
-IVIT_T_AMX void amx_begin() {
+// tiles 0 .. tiles-1 as 16 rows of 64 bytes (micro_amx's 7, the peak loop's 8)
+IVIT_T_AMX void amx_begin(int tiles = 7) {
   TileConfig cfg;
-  for (int t = 0; t < 7; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  for (int t = 0; t < tiles; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
   IVIT_AMX_FENCE(&cfg);
   _tile_loadconfig(&cfg);
 }
@@ -1650,10 +1654,7 @@ IVIT_T_AVX2 i64 peak_avx2(i64 iters, int32_t* sum) {
 #if IVIT_QGEMM_AMX
 // four independent tdpbusd chains (tiles 0-3), A in tiles 4-5, B in 6-7
 IVIT_T_AMX i64 peak_amx(i64 iters, int32_t* sum) {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  IVIT_AMX_FENCE(&cfg);
-  _tile_loadconfig(&cfg);
+  amx_begin(8);
   alignas(64) int8_t src[16 * 64];
   for (int i = 0; i < 16 * 64; ++i) src[i] = static_cast<int8_t>(i % 7 - 3);
   IVIT_AMX_FENCE(src);
@@ -1675,7 +1676,7 @@ IVIT_T_AMX i64 peak_amx(i64 iters, int32_t* sum) {
   _tile_stored(0, c, 64);
   IVIT_AMX_FENCE(c);
   for (int32_t v : c) *sum += v;
-  _tile_release();
+  amx_end();
   return iters * 4 * 16 * 16 * 64;
 }
 #endif
@@ -1745,7 +1746,7 @@ std::string check_qgemm() {
     const char* fault = std::getenv("IVIT_GEMM_PROBE_FAULT");
     const bool faulty = fault && !std::strcmp(fault, "qgemm");
     std::string out;
-    for (int isa : {AMX, VNNI, AVX2, I8MM, DOTPROD, NEON, PORTABLE}) {
+    for (int isa : PREFERENCE) {
       if (!cpu_has(isa)) continue;
       std::string why;
       for (int a_code : {0, 1})

@@ -24,12 +24,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from ivit_onnx.engines.onnxruntime.qgemm_fold import GEMM_PATHS
 from ivit_onnx.opset import native_kernels
 from ivit_onnx.opset.ort_library import INT8_GEMMS, native_library
 from ivit_onnx.opset.requantize import reference as requantize
 
 pytestmark = pytest.mark.skipif(not native_kernels.available(), reason="native library not built")
-ISAS = {"portable": 1, "avx2": 2, "vnni": 3, "neon": 4, "dotprod": 5, "i8mm": 6, "amx": 7}
+ISAS = GEMM_PATHS
 CODES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3}
 KS = (1, 7, 64, 257, 1024)
 DOMAIN = "ai.ivit.engine"
@@ -90,8 +91,10 @@ def case(rng, adt, k: int, n: int, rows: int, per_column: bool, out=np.int8, ext
     return dict(a=a, za=za, b=b, zb=zb, zx=zx, mult=mult, shift=shift, zy=zy, qmin=qmin, qmax=qmax)
 
 
-def run_c(isa: str, c: dict, threads: int = 1, table=None, forms: list | None = None) -> np.ndarray:
-    """The GEMM through the C entry points, on ``isa`` (forms: gets the epilogue's, ivit_qgemm_epilogue)."""
+def run_c(isa: str, c: dict, threads: int = 1, table=None, forms: list | None = None,
+          paths: list | None = None) -> np.ndarray:
+    """The GEMM through the C entry points, on ``isa`` ("auto": the library's pick; forms: gets the
+    epilogue's, ivit_qgemm_epilogue; paths: the path it ran, ivit_qgemm_isa)."""
     lib = _lib()
     k, n = c["b"].shape
     arr = {key: np.ascontiguousarray(np.asarray(c[key]).reshape(-1).astype(np.int64))
@@ -102,14 +105,17 @@ def run_c(isa: str, c: dict, threads: int = 1, table=None, forms: list | None = 
     out_dt = np.asarray(c["zy"]).dtype if table is None else table.dtype
     err = ctypes.c_char_p()
     b = np.ascontiguousarray(c["b"])
-    g = lib.ivit_qgemm_create(ISAS[isa], CODES[c["a"].dtype], k, n, b.ctypes.data, arr["zb"].ctypes.data,
+    code = 0 if isa == "auto" else ISAS[isa]
+    g = lib.ivit_qgemm_create(code, CODES[c["a"].dtype], k, n, b.ctypes.data, arr["zb"].ctypes.data,
                               arr["zb"].size, int(c["za"]), arr["zx"].ctypes.data, arr["mult"].ctypes.data,
                               arr["shift"].ctypes.data, nch, int(c["zy"]), c["qmin"], c["qmax"],
                               None if tab is None else tab.ctypes.data, CODES[np.dtype(out_dt)],
                               ctypes.byref(err))
     assert g, err.value
     try:
-        assert lib.ivit_qgemm_isa(g) == ISAS[isa]
+        assert isa == "auto" or lib.ivit_qgemm_isa(g) == ISAS[isa]
+        if paths is not None:
+            paths.append(lib.ivit_qgemm_isa(g))
         if forms is not None:
             forms.append(lib.ivit_qgemm_epilogue(g))
         a = np.ascontiguousarray(c["a"])
@@ -303,26 +309,11 @@ def test_auto_takes_the_fastest_path(monkeypatch):
     """Without IVIT_GEMM_ISA a GEMM runs on the first path of PREFERENCE this CPU has (AMX over VNNI where the
     CPU and kernel allow the tiles), bit-exact."""
     monkeypatch.delenv("IVIT_GEMM_ISA", raising=False)
-    lib = _lib()
-    best = next(p for p in PREFERENCE if lib.ivit_qgemm_usable(ISAS[p]))
+    best = next(p for p in PREFERENCE if _lib().ivit_qgemm_usable(ISAS[p]))
     c = case(np.random.default_rng(11), np.int8, 200, 50, 40, True)
-    arr = {key: np.ascontiguousarray(np.asarray(c[key]).reshape(-1).astype(np.int64))
-           for key in ("zb", "zx", "mult", "shift")}
-    err = ctypes.c_char_p()
-    b = np.ascontiguousarray(c["b"])
-    g = lib.ivit_qgemm_create(0, CODES[c["a"].dtype], 200, 50, b.ctypes.data, arr["zb"].ctypes.data,
-                              arr["zb"].size, int(c["za"]), arr["zx"].ctypes.data, arr["mult"].ctypes.data,
-                              arr["shift"].ctypes.data, arr["zx"].size, int(c["zy"]), c["qmin"], c["qmax"],
-                              None, CODES[np.dtype(np.asarray(c["zy"]).dtype)], ctypes.byref(err))
-    assert g, err.value
-    try:
-        assert lib.ivit_qgemm_isa(g) == ISAS[best]
-        a = np.ascontiguousarray(c["a"])
-        y = np.zeros((a.shape[0], 50), np.asarray(c["zy"]).dtype)
-        assert lib.ivit_qgemm_run(g, a.ctypes.data, a.shape[0], y.ctypes.data, 2) == 0
-        np.testing.assert_array_equal(y, reference(**c))
-    finally:
-        lib.ivit_qgemm_destroy(g)
+    took = []
+    np.testing.assert_array_equal(run_c("auto", c, threads=2, paths=took), reference(**c))
+    assert took == [ISAS[best]]
 
 
 def test_self_check_probes_every_path():

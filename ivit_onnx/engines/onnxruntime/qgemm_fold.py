@@ -126,8 +126,10 @@ def _fused(gr: _Graph, head: onnx.NodeProto, g: onnx.GraphProto, fresh) -> onnx.
                             **attrs)
 
 
-#: the vector QGemm paths (qgemm.h's codes): AVX2, AVX-512 VNNI, aarch64 NEON, sdot, smmla, AMX
-VECTOR_PATHS = (2, 3, 4, 5, 6, 7)
+#: QGemm's instruction-set paths by IVIT_GEMM_ISA name, with qgemm.h's codes
+GEMM_PATHS = {"portable": 1, "avx2": 2, "vnni": 3, "neon": 4, "dotprod": 5, "i8mm": 6, "amx": 7}
+#: the vector ones: all but the portable loop
+VECTOR_PATHS = tuple(code for name, code in GEMM_PATHS.items() if name != "portable")
 
 
 def fast_path() -> bool:
