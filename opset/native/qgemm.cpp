@@ -260,6 +260,9 @@ struct QGemm {
   bool identity = false;
   alignas(64) uint8_t tab8[256] = {};  // the table as bytes, for byte outputs with VBMI (vbmi_table)
   bool vbmi_table = false;
+  // VNNI and AMX byte outputs in the hi32 form without a residual stage, qmin, qmax inside the output's type
+  // (or a VBMI table's, inside int16): epilogue_bytes_avx512
+  bool bytes48 = false;
   std::vector<i64> off, zs;
   // the residual stage (IvitQGemmAdd; out_code is then the sum's type, mid_code v's): u = v * mv + r * mr +
   // r_off[n] (mod 2**64; r_off = h - zv * mv - zr * mr, plus r[n] * mr for constants, which drop the r term),
@@ -837,6 +840,54 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
   }
 }
 
+// The epilogue of a whole tile for byte outputs without a residual stage (QGemm's hi32 form; a table only
+// with VBMI: bytes48): a row's NV vectors of 16 columns at once, their constants in registers across the rows.
+// The values narrow by saturating packs, exact as the clip's bounds (or the table's 256 indices) lie inside
+// int16 and the output's type, so the clip runs on 32 words and one lookup and one store serve 48 columns;
+// vpermd puts the packs' 128-bit lanes back in column order.
+template <int NV, bool TAB, class TO>
+IVIT_T_EPI void epilogue_bytes_avx512(const QGemm& g, const int32_t* tile, i64 nr, const int32_t* rowsum, i64 rows,
+                                      i64 n0, i64 cols, TO* y, i64 ldy) {
+  __m512i corr[NV], zb[NV], me[NV], mo[NV], rnd[NV], sh[NV];
+  for (int v = 0; v < NV; ++v) {
+    const i64 n = n0 + 16 * v;
+    const Pair m = split(&g.mult[n]);
+    corr[v] = _mm512_loadu_si512(&g.corr2[n]), zb[v] = _mm512_loadu_si512(&g.zb[n]), me[v] = m.e, mo[v] = m.o;
+    rnd[v] = _mm512_loadu_si512(&g.rnd[n]), sh[v] = _mm512_loadu_si512(&g.sh32[n]);
+  }
+  const __m512i lo = _mm512_set1_epi16(static_cast<int16_t>(g.qmin));
+  const __m512i hi = _mm512_set1_epi16(static_cast<int16_t>(g.qmax));
+  const __m512i base = _mm512_set1_epi16(static_cast<int16_t>(TAB ? g.qmin : 0));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  __m512i t8[4];  // read only with TAB
+  for (int i = 0; i < 4 && TAB; ++i) t8[i] = _mm512_load_si512(g.tab8 + 64 * i);
+  const __mmask64 mask = cols >= 64 ? ~__mmask64(0) : (__mmask64(1) << cols) - 1;
+  const bool zb_zero = g.zb_zero;
+  for (i64 r = 0; r < rows; ++r) {
+    __m512i x[4];
+    for (int v = 0; v < NV; ++v) {
+      __m512i acc = _mm512_sub_epi32(_mm512_load_si512(tile + r * nr + 16 * v), corr[v]);
+      if (!zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zb[v], _mm512_set1_epi32(rowsum[r])));
+      const __m512i e = _mm512_mul_epi32(acc, me[v]), o = _mm512_mul_epi32(_mm512_srli_epi64(acc, 32), mo[v]);
+      const __m512i h = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e, 32), o);  // the products' high dwords
+      x[v] = _mm512_srav_epi32(_mm512_add_epi32(h, rnd[v]), sh[v]);
+    }
+    for (int v = NV; v < 4; ++v) x[v] = x[0];  // lanes past cols: not stored
+    // in each 128-bit lane L, dword s of the packed bytes holds x[s]'s columns 4L .. 4L + 3
+    __m512i w0 = _mm512_packs_epi32(x[0], x[1]), w1 = _mm512_packs_epi32(x[2], x[3]);
+    w0 = _mm512_sub_epi16(_mm512_min_epi16(_mm512_max_epi16(w0, lo), hi), base);
+    w1 = _mm512_sub_epi16(_mm512_min_epi16(_mm512_max_epi16(w1, lo), hi), base);
+    __m512i b = TAB || std::is_same_v<TO, uint8_t> ? _mm512_packus_epi16(w0, w1) : _mm512_packs_epi16(w0, w1);
+    if constexpr (TAB) {  // vpermt2b on each 128-entry half (inline asm: the target lacks VBMI), bit 7 choosing
+      __m512i tl = t8[0], th = t8[2];
+      asm("vpermt2b %[b], %[i], %[a]" : [a] "+v"(tl) : [i] "v"(b), [b] "v"(t8[1]));
+      asm("vpermt2b %[b], %[i], %[a]" : [a] "+v"(th) : [i] "v"(b), [b] "v"(t8[3]));
+      b = _mm512_mask_blend_epi8(_mm512_movepi8_mask(b), tl, th);
+    }
+    _mm512_mask_storeu_epi8(y + r * ldy, mask, _mm512_permutexvar_epi32(order, b));
+  }
+}
+
 IVIT_T_AVX2 inline __m256i ld(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 // clip(t, lo, hi) on int64 lanes (AVX2 has no 64-bit min / max)
@@ -1261,6 +1312,17 @@ void run_chunk(const QGemm& g, const void* a_raw, i64 lda, i64 m0, i64 m1, i64 t
 #if IVIT_QGEMM_X86
     if (g.fast && (vnni_like(g.isa) || g.isa == AVX2)) {
       TO* yt = y + m0 * ldy + n0;
+      if constexpr (sizeof(TO) == 1) {
+        if (g.bytes48) {  // byte outputs without a residual stage: a row's 48 columns at a time
+          using Epi = void (*)(const QGemm&, const int32_t*, i64, const int32_t*, i64, i64, i64, TO*, i64);
+          static constexpr Epi PLAIN[] = {epilogue_bytes_avx512<1, false, TO>, epilogue_bytes_avx512<2, false, TO>,
+                                          epilogue_bytes_avx512<3, false, TO>};
+          static constexpr Epi TABLE[] = {epilogue_bytes_avx512<1, true, TO>, epilogue_bytes_avx512<2, true, TO>,
+                                          epilogue_bytes_avx512<3, true, TO>};
+          (g.vbmi_table ? TABLE : PLAIN)[(cols + 15) / 16 - 1](g, tile, L.nr, rowsum, rows, n0, cols, yt, ldy);
+          continue;
+        }
+      }
       if (vnni_like(g.isa)) {
         if (g.hi32 && g.hadd) epilogue_tile_avx512<true, true>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
         else if (g.hi32) epilogue_tile_avx512<true, false>(g, tile, L.nr, rowsum, m0, rows, n0, cols, res, yt, ldy);
@@ -1558,6 +1620,10 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
                      static_cast<double>(zy) * std::ldexp(1.0, static_cast<int>(c - 32));
     g->hi32 = d < 0x1p31 * 0.999 && hmax + std::fabs(r) < 0x1p31 * 0.999;
   }
+  const bool in_type =
+      (out_code == U8 && qmin >= 0 && qmax <= 255) || (out_code == I8 && qmin >= -128 && qmax <= 127);
+  g->bytes48 = g->hi32 && vnni_like(isa) && !add && (out_code == I8 || out_code == U8) &&
+               (table ? g->vbmi_table && qmin >= INT16_MIN && qmax <= INT16_MAX : in_type);
   for (i64 j = 0; j < padded; ++j) {
     const i64 c = g->shift[j];
     const uint64_t zxb = static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j]);
@@ -1577,7 +1643,7 @@ int ivit_qgemm_isa(const void* g) { return static_cast<const QGemm*>(g)->isa; }
 int ivit_qgemm_epilogue(const void* gp) {
   const QGemm& g = *static_cast<const QGemm*>(gp);
   const bool pow2 = g.fast && g.has_add && (g.st[0].pow2 || (g.stages > 1 && g.st[1].pow2));
-  return (g.hi32 ? 1 : 0) | (g.hadd ? 2 : 0) | (pow2 ? 4 : 0);
+  return (g.hi32 ? 1 : 0) | (g.hadd ? 2 : 0) | (pow2 ? 4 : 0) | (g.bytes48 ? 8 : 0);
 }
 
 // the rows through run_all with the output's type

@@ -54,7 +54,8 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
                             int out_code, const IvitQGemmAdd* add, const char** err);
 int ivit_qgemm_isa(const void* g);  // the path a packed GEMM runs
 // the x86 vector epilogue's int32-lane forms a packed GEMM takes (bits: 1 the Requantize's hi32, 2 the residual
-// stages' hadd, 4 a stage's power-of-two form, Stage::pow2; 0 on other paths), for the tests
+// stages' hadd, 4 a stage's power-of-two form, Stage::pow2, 8 byte outputs a row's 48 columns at a time; 0 on
+// other paths), for the tests
 int ivit_qgemm_epilogue(const void* g);
 // y[m, n] for m < rows of a (row-major [rows, k]); threads: on the caller's pool hook if set, else that many
 int ivit_qgemm_run(const void* g, const void* a, int64_t rows, void* y, int threads);

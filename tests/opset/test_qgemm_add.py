@@ -165,6 +165,49 @@ def test_residual_paths_bit_exact(isa, adt, per_column):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_converter_stages_across_tiles(isa):
+    """The converter's regime: the Requantize's shifts of 33 and more (hi32), stage shifts of 32 and more
+    (hadd) with multipliers inside int32 and past it (the converter's, near 2**50), one stage or
+    quantize_static's two (the bias as a power of two, then the residual), N across whole and partial
+    48-column tiles and 16-column vectors, int8 and uint8 sums, every residual type and form, v on either
+    side."""
+    need(isa)
+    rng = np.random.default_rng(ISAS[isa] + 555)
+    took, spread = [], 0
+    for i, n in enumerate((1, 16, 47, 48, 49, 100, 197)):
+        for j, out in enumerate((np.int8, np.uint8)):
+            c = case(rng, np.uint8 if i % 2 else np.int8, 64 + i, n, 9 + 7 * i, bool(j), extremes=False)
+            acc = (c["a"].astype(np.int64) - c["za"]) @ (c["b"].astype(np.int64) - c["zb"])
+            c["zx"] = np.full(c["zx"].shape, int(np.median(acc)), np.int32)
+            c["shift"] = rng.integers(33, 37, c["shift"].shape).astype(np.int64)
+            c["mult"] = (2.0 ** c["shift"] * 40 / (acc.std() + 1)).astype(np.int64)
+            rdt = RESIDUALS[(i + j) % 3]
+            form = ("act", "column", "single")[(i + 2 * j) % 3]
+            res = residual(rng, c, rdt, form, bool((i + j) % 2), out=out)
+            # multipliers inside int32, or the converter's past it (two products a lane)
+            sh, top = (int(rng.integers(32, 35)), 31) if i % 2 else (int(rng.integers(50, 54)), 49)
+            sign = int(rng.choice([-1, 1]))
+            res["shift"], res["mv"] = sh, int(rng.integers(1 << (top - 2), 1 << top)) * sign
+            res["mr"] = int(rng.integers(1 << (top - 4), 1 << (top - 2))) * int(rng.choice([-1, 1]))
+            res["r"] = (np.asarray(res["r"]) % 64).astype(rdt)
+            got = run_c(isa, c, res, threads=1 + 2 * (i % 2), forms=took)
+            expect = want(c, res)
+            np.testing.assert_array_equal(got, expect, strict=True, err_msg=f"{isa} N={n} {out.__name__}")
+            spread += int(len(np.unique(expect)) > 8)
+            # quantize_static's: the bias (constants, v's multiplier 2**c), then this residual stage
+            bias = residual(rng, c, np.int32, "column", True, out=np.int8)
+            bias["shift"], bias["mv"], bias["mr"] = 34, 1 << 34, 1 << 20
+            then = {**res, "zv": bias["zy"]}
+            got = run_c(isa, c, bias, then=then, threads=2, forms=took)
+            np.testing.assert_array_equal(got, want(c, bias, then=then), strict=True,
+                                          err_msg=f"{isa} N={n} 2")
+    assert spread >= 10, spread  # sums spread over their range, not clipped to a few values
+    if isa in ("vnni", "amx"):
+        assert all(f & 3 == 3 for f in took), took
+        assert {f & 4 for f in took} == {0, 4}, took
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_table_after_the_sum(isa):
     """QGemmAddTable's stage: the sum through a table over add_qmin..add_qmax, for byte tables of the full
     range and of a narrower clip (vpermt2b where the CPU has VBMI), int16 ones (gathered), before it a table
