@@ -193,6 +193,7 @@ def test_converter_stages_across_tiles(isa):
             got = run_c(isa, c, res, threads=1 + 2 * (i % 2), forms=took)
             expect = want(c, res)
             np.testing.assert_array_equal(got, expect, strict=True, err_msg=f"{isa} N={n} {out.__name__}")
+            assert len(np.unique(expect)) > 1, "a case that clips every sum to one value"
             spread += int(len(np.unique(expect)) > 8)
             # quantize_static's: the bias (constants, v's multiplier 2**c), then this residual stage
             bias = residual(rng, c, np.int32, "column", True, out=np.int8)
@@ -201,7 +202,7 @@ def test_converter_stages_across_tiles(isa):
             got = run_c(isa, c, bias, then=then, threads=2, forms=took)
             np.testing.assert_array_equal(got, want(c, bias, then=then), strict=True,
                                           err_msg=f"{isa} N={n} 2")
-    assert spread >= 10, spread  # sums spread over their range, not clipped to a few values
+    assert spread >= 7, spread  # half the cases' sums spread over their range, not clipped to a few values
     if isa in ("vnni", "amx"):
         assert all(f & 3 == 3 for f in took), took
         assert {f & 4 for f in took} == {0, 4}, took
