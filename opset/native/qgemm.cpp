@@ -98,6 +98,8 @@ using i64 = int64_t;
 enum Isa : int { AUTO = 0, PORTABLE = 1, AVX2 = 2, VNNI = 3, NEON = 4, DOTPROD = 5, I8MM = 6, AMX = 7, LAST = AMX };
 const char* const NAMES[] = {"auto", "portable", "avx2", "vnni", "neon", "dotprod", "i8mm", "amx"};  // IVIT_GEMM_ISA's
 enum Out : int { I8 = 0, U8 = 1, I16 = 2, I32 = 3 };
+// each output type's range, by its code
+constexpr i64 TYPE_LO[] = {INT8_MIN, 0, INT16_MIN, INT32_MIN}, TYPE_HI[] = {INT8_MAX, UINT8_MAX, INT16_MAX, INT32_MAX};
 
 std::atomic<int> g_refused{0};  // bit per path the self-check refused (never picked by AUTO)
 
@@ -603,14 +605,17 @@ void epilogue(const QGemm& g, const int32_t* dot, int32_t rowsum, i64 n0, i64 co
 // signed 32 x 32-bit multiply, the floor shift a logical one on the sign-flipped sum (kernels.cpp's AVX2
 // rescale).
 #if IVIT_QGEMM_X86
-// tab8[i] of 16 byte indices i: vpermt2b on each 128-entry half (index bit 6 choosing the register), bit 7
+// tab8[i] of 64 byte indices i: vpermt2b on each 128-entry half (index bit 6 choosing the register), bit 7
 // choosing the half. Inline asm, as the epilogue's target lacks VBMI (only run where the CPU has it: vbmi_table).
-IVIT_T_EPI inline __m128i vbmi16(const __m512i* t, __m128i idx) {
-  const __m512i i = _mm512_castsi128_si512(idx);
+IVIT_T_EPI inline __m512i vbmi64(const __m512i* t, __m512i i) {
   __m512i lo = t[0], hi = t[2];
   asm("vpermt2b %[b], %[i], %[a]" : [a] "+v"(lo) : [i] "v"(i), [b] "v"(t[1]));
   asm("vpermt2b %[b], %[i], %[a]" : [a] "+v"(hi) : [i] "v"(i), [b] "v"(t[3]));
-  return _mm_mask_blend_epi8(_mm_movepi8_mask(idx), _mm512_castsi512_si128(lo), _mm512_castsi512_si128(hi));
+  return _mm512_mask_blend_epi8(_mm512_movepi8_mask(i), lo, hi);
+}
+// the same for 16 indices (the lanes past them unused)
+IVIT_T_EPI inline __m128i vbmi16(const __m512i* t, __m128i idx) {
+  return _mm512_castsi512_si128(vbmi64(t, _mm512_castsi128_si512(idx)));
 }
 
 // 16 int32 lanes as two sets of int64 lanes: the even columns (each lane's low half, sign-extended) and the odd
@@ -629,6 +634,19 @@ IVIT_T_EPI inline Pair split(const i64* p) {
   const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 8);
   return {_mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), b),
           _mm512_permutex2var_epi64(a, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), b)};
+}
+
+// a tile row's 16 accumulators less their column correction corr (and zb times the row's sum rs)
+IVIT_T_EPI inline __m512i corrected(const int32_t* acc, __m512i corr, __m512i zb, int32_t rs, bool zb_zero) {
+  const __m512i a = _mm512_sub_epi32(_mm512_load_si512(acc), corr);
+  return zb_zero ? a : _mm512_sub_epi32(a, _mm512_mullo_epi32(zb, _mm512_set1_epi32(rs)));
+}
+
+// QGemm's hi32 form before the clip: ((P >> 32) + rnd) >> (c - 32) in int32 lanes, P = acc * b the even
+// columns' products e and the odd ones' o (int64 lanes), whose high dwords a blend gathers
+IVIT_T_EPI inline __m512i hi32_value(__m512i e, __m512i o, __m512i rnd, __m512i sh32) {
+  const __m512i h = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e, 32), o);
+  return _mm512_srav_epi32(_mm512_add_epi32(h, rnd), sh32);
 }
 
 // v * m of int64 lanes holding int32 values: one signed 32 x 32-bit product where m fits int32 (not wide)
@@ -716,13 +734,11 @@ IVIT_T_EPI void epilogue_tile_avx512(const QGemm& g, const int32_t* tile, i64 nr
     Pair roff[2] = {off, off};
     for (int i = 0; i < g.stages; ++i) roff[i] = split(&g.st[i].vr_off[n]);
     for (i64 r = 0; r < rows; ++r) {
-      __m512i acc = _mm512_sub_epi32(_mm512_load_si512(tile + r * nr + j), corr);
-      if (!g.zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zb, _mm512_set1_epi32(rowsum[r])));
+      const __m512i acc = corrected(tile + r * nr + j, corr, zb, rowsum[r], g.zb_zero);
       __m512i e = _mm512_mul_epi32(acc, mult.e), o = _mm512_mul_epi32(_mm512_srli_epi64(acc, 32), mult.o);
       __m512i v;  // the clipped values in int32 lanes (column order)
       if constexpr (HI32) {  // QGemm's hi32 form
-        v = _mm512_add_epi32(_mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e, 32), o), rnd);
-        v = _mm512_min_epi32(_mm512_max_epi32(_mm512_srav_epi32(v, sh32), qmin), qmax);
+        v = _mm512_min_epi32(_mm512_max_epi32(hi32_value(e, o, rnd, sh32), qmin), qmax);
         if (!HADD && g.has_add && !tab) e = even64(v), o = odd64(v);
       } else {
         e = _mm512_add_epi64(e, off.e), o = _mm512_add_epi64(o, off.o);
@@ -866,11 +882,9 @@ IVIT_T_EPI void epilogue_bytes_avx512(const QGemm& g, const int32_t* tile, i64 n
   for (i64 r = 0; r < rows; ++r) {
     __m512i x[4];
     for (int v = 0; v < NV; ++v) {
-      __m512i acc = _mm512_sub_epi32(_mm512_load_si512(tile + r * nr + 16 * v), corr[v]);
-      if (!zb_zero) acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zb[v], _mm512_set1_epi32(rowsum[r])));
+      const __m512i acc = corrected(tile + r * nr + 16 * v, corr[v], zb[v], rowsum[r], zb_zero);
       const __m512i e = _mm512_mul_epi32(acc, me[v]), o = _mm512_mul_epi32(_mm512_srli_epi64(acc, 32), mo[v]);
-      const __m512i h = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e, 32), o);  // the products' high dwords
-      x[v] = _mm512_srav_epi32(_mm512_add_epi32(h, rnd[v]), sh[v]);
+      x[v] = hi32_value(e, o, rnd[v], sh[v]);
     }
     for (int v = NV; v < 4; ++v) x[v] = x[0];  // lanes past cols: not stored
     // in each 128-bit lane L, dword s of the packed bytes holds x[s]'s columns 4L .. 4L + 3
@@ -878,12 +892,7 @@ IVIT_T_EPI void epilogue_bytes_avx512(const QGemm& g, const int32_t* tile, i64 n
     w0 = _mm512_sub_epi16(_mm512_min_epi16(_mm512_max_epi16(w0, lo), hi), base);
     w1 = _mm512_sub_epi16(_mm512_min_epi16(_mm512_max_epi16(w1, lo), hi), base);
     __m512i b = TAB || std::is_same_v<TO, uint8_t> ? _mm512_packus_epi16(w0, w1) : _mm512_packs_epi16(w0, w1);
-    if constexpr (TAB) {  // vpermt2b on each 128-entry half (inline asm: the target lacks VBMI), bit 7 choosing
-      __m512i tl = t8[0], th = t8[2];
-      asm("vpermt2b %[b], %[i], %[a]" : [a] "+v"(tl) : [i] "v"(b), [b] "v"(t8[1]));
-      asm("vpermt2b %[b], %[i], %[a]" : [a] "+v"(th) : [i] "v"(b), [b] "v"(t8[3]));
-      b = _mm512_mask_blend_epi8(_mm512_movepi8_mask(b), tl, th);
-    }
+    if constexpr (TAB) b = vbmi64(t8, b);
     _mm512_mask_storeu_epi8(y + r * ldy, mask, _mm512_permutexvar_epi32(order, b));
   }
 }
@@ -1550,7 +1559,6 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
   if (add) {
     auto fits = [](i64 v) { return v >= INT32_MIN && v <= INT32_MAX; };
     auto fits62 = [](i64 v) { return v >= -(i64(1) << 62) && v < (i64(1) << 62); };
-    const i64 type_lo[] = {INT8_MIN, 0, INT16_MIN, INT32_MIN}, type_hi[] = {INT8_MAX, UINT8_MAX, INT16_MAX, INT32_MAX};
     g->has_add = true, g->stages = adds[1] ? 2 : 1, g->add_fast = true;
     for (int i = 0; i < g->stages; ++i) {
       const IvitQGemmAdd* a = adds[i];
@@ -1571,8 +1579,8 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
       t.wide = !fits(a->mv) || !fits(a->mr);
       t.mv_lo = t.wide ? a->mv & INT32_MAX : a->mv, t.mv_hi = t.wide ? a->mv >> 31 : 0;
       t.mr_lo = t.wide ? a->mr & INT32_MAX : a->mr, t.mr_hi = t.wide ? a->mr >> 31 : 0;
-      const bool inside = i ? adds[0]->qmin >= type_lo[t.mid_code] && adds[0]->qmax <= type_hi[t.mid_code]
-                            : table || (qmin >= type_lo[out_code] && qmax <= type_hi[out_code]);
+      const bool inside = i ? adds[0]->qmin >= TYPE_LO[t.mid_code] && adds[0]->qmax <= TYPE_HI[t.mid_code]
+                            : table || (qmin >= TYPE_LO[out_code] && qmax <= TYPE_HI[out_code]);
       g->add_fast = g->add_fast && fits62(a->mv) && fits62(a->mr) && fits(a->qmin) && fits(a->qmax) && inside;
       const i64 s = a->mv > 0 && (a->mv & (a->mv - 1)) == 0 ? __builtin_ctzll(static_cast<uint64_t>(a->mv)) : -1;
       t.pow2 = !arm(isa) && !t.act && t.mid_code != I32 && s >= 0 && s <= c && s <= 46 &&
@@ -1620,10 +1628,9 @@ void* ivit_qgemm_create_add(int isa, int a_code, int64_t k, int64_t n, const int
                      static_cast<double>(zy) * std::ldexp(1.0, static_cast<int>(c - 32));
     g->hi32 = d < 0x1p31 * 0.999 && hmax + std::fabs(r) < 0x1p31 * 0.999;
   }
-  const bool in_type =
-      (out_code == U8 && qmin >= 0 && qmax <= 255) || (out_code == I8 && qmin >= -128 && qmax <= 127);
   g->bytes48 = g->hi32 && vnni_like(isa) && !add && (out_code == I8 || out_code == U8) &&
-               (table ? g->vbmi_table && qmin >= INT16_MIN && qmax <= INT16_MAX : in_type);
+               (table ? g->vbmi_table && qmin >= INT16_MIN && qmax <= INT16_MAX
+                      : qmin >= TYPE_LO[out_code] && qmax <= TYPE_HI[out_code]);
   for (i64 j = 0; j < padded; ++j) {
     const i64 c = g->shift[j];
     const uint64_t zxb = static_cast<uint64_t>(g->zx[j]) * static_cast<uint64_t>(g->mult[j]);
